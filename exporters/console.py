@@ -1,0 +1,59 @@
+"""Console exporter: a compact rich table of the latest values every ``console.every`` steps."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any, ClassVar, TextIO
+
+from otel_rl.exporters.base import TrackerExporter
+from otel_rl.records import HistogramValue, RowValue, StepBatch
+
+
+class ConsoleExporter(TrackerExporter):
+    name: ClassVar[str] = "console"
+
+    def __init__(self, every: int = 1, stream: TextIO | None = None, **kwargs: Any) -> None:
+        self.every = every
+        self._stream = stream
+        self._console: Any = None
+        self._rows_seen = 0
+        super().__init__(**kwargs)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> ConsoleExporter:
+        return cls(every=int(cfg["console"]["every"]), **kwargs)
+
+    def open(self) -> None:
+        from rich.console import Console
+
+        self._console = Console(file=self._stream or sys.stderr, highlight=False)
+
+    def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
+        if batch.axis is not None:
+            return  # time-axis data (GPU) would flood the terminal
+        self._rows_seen += 1
+        if (self._rows_seen - 1) % self.every:
+            return
+        from rich.table import Table
+
+        table = Table(title=f"step {step}", show_header=True, header_style="bold", box=None)
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key in sorted(rows):
+            table.add_row(key, _format(rows[key]))
+        self._console.print(table)
+
+    def write_hyperparams(self, params: Mapping[str, Any]) -> None:
+        self._console.print(f"[bold]hyperparameters[/bold]: {len(params)} values")
+
+
+def _format(value: RowValue) -> str:
+    if isinstance(value, str):
+        return value if len(value) <= 60 else value[:57] + "..."
+    if isinstance(value, HistogramValue):
+        return f"histogram n={value.count} mean={value.mean:.4g}"
+    if math.isnan(value) or math.isinf(value):
+        return f"[bold red]{value}[/bold red]"
+    return f"{value:.6g}"

@@ -1,0 +1,96 @@
+"""JSONL exporter: one JSON object per row in ``<log_dir>/metrics.jsonl``.
+
+Each line is ``{"step": N, "time": <unix seconds>, "metrics": {key: value}}`` (plus ``"axis"``
+for rows on a custom x-axis such as GPU data). Values are numbers, strings, or histograms as
+``{"count", "sum", "min", "max", "bounds", "counts"}``. NaN and ±inf are written as the bare
+tokens ``NaN``/``Infinity``/``-Infinity`` that Python's ``json`` and pandas read back. The file is
+opened for appending: a second run adds to it, never truncates it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.exporters.base import TrackerExporter
+
+
+class JsonlExporter(TrackerExporter):
+    name: ClassVar[str] = "jsonl"
+    max_batch: ClassVar[int] = 256
+
+    def __init__(self, path: str | os.PathLike, **kwargs: Any) -> None:
+        self.path = Path(path)
+        self._file: Any = None
+        super().__init__(**kwargs)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> JsonlExporter:
+        path = cfg["jsonl"].get("path") or Path(cfg["log_dir"]) / "metrics.jsonl"
+        return cls(path, **kwargs)
+
+    def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
+        self.write_batches([batch])
+
+    def write_batches(self, batches: Sequence[StepBatch]) -> None:
+        # One write call per batch of lines: a crash leaves whole lines, not half a row.
+        self._file.write("".join(_line(batch) for batch in batches))
+
+    def write_hyperparams(self, params: Mapping[str, Any]) -> None:
+        path = self.path.with_name("hyperparams.json")
+        merged: dict[str, Any] = {}
+        if path.exists():
+            try:
+                merged = json.loads(path.read_text())
+            except ValueError:
+                merged = {}
+        merged.update({k: _jsonable(v) for k, v in params.items()})
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(merged, indent=2, sort_keys=True))
+        tmp.replace(path)
+
+    def flush_backend(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self, exit_code: int) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _line(batch: StepBatch) -> str:
+    record: dict[str, Any] = {"step": batch.step, "time": round(batch.time, 6)}
+    if batch.axis:
+        record["axis"] = batch.axis
+    record["metrics"] = {k: _value(v) for k, v in batch.rows.items()}
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def _value(value: RowValue) -> Any:
+    if isinstance(value, HistogramValue):
+        return {
+            "count": value.count,
+            "sum": value.sum,
+            "min": value.min,
+            "max": value.max,
+            "bounds": list(value.bounds),
+            "counts": list(value.counts),
+        }
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)

@@ -1,0 +1,29 @@
+"""otel-rl: an OpenTelemetry instrumentation layer for RL training on LLMs.
+
+``import otel_rl`` is light: the Logger, OTel SDK and tracker SDKs load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from otel_rl.errors import ConfigError, MetricError, OtelRLError
+
+if TYPE_CHECKING:
+    from otel_rl.logger import Logger
+
+__version__ = "0.1.0"
+__all__ = ["ConfigError", "Logger", "MetricError", "OtelRLError", "__version__"]
+
+_LAZY = {"Logger": "otel_rl.logger"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'otel_rl' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

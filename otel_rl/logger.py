@@ -1,0 +1,376 @@
+"""Logger: the training loop's one entry point to every tracker, the Collector and Prometheus."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.metrics import Observation
+
+from otel_rl.config import enabled_backends, resolve_config
+from otel_rl.errors import MetricError
+from otel_rl.keys import KeyCollisionError, KeyRegistry
+from otel_rl.pipeline import Pipeline, build_resource
+from otel_rl.records import OWN_SCOPE, Hyperparams, StepBatch, rows_from_metrics
+from otel_rl.redaction import flatten_params, redact
+from otel_rl.registry import exporter_class
+from otel_rl.routing import global_router
+from otel_rl.timing import TIMING_BUCKETS, Timer
+from otel_rl.values import flatten_into
+
+_log = logging.getLogger("otel_rl")
+
+
+class Logger:
+    """Log metrics, timings and hyperparameters to every enabled tracker, off the training thread.
+
+    ``cfg`` is a mapping or a YAML file path with NeMo RL's logger keys plus otel-rl's own (see
+    docs/configuration.md). ``exporters`` adds tracker exporters built by the caller.
+
+    Step semantics: values logged with the same ``step`` merge into one row; a step is sent to
+    the trackers when a different step is logged, when ``step_finished=True``, or on
+    ``flush()``/``finish()``. What OTel instruments record (timers, library meters) between two
+    ``log_metrics`` calls belongs to the step of the second call.
+    """
+
+    def __init__(
+        self,
+        cfg: Mapping[str, Any] | str | Path | None = None,
+        *,
+        exporters: Sequence[Any] = (),
+    ) -> None:
+        self.config = resolve_config(cfg)
+        cfg = self.config
+        self.log_dir = Path(cfg["log_dir"])
+        self.run_id = str(cfg["run_id"] or uuid.uuid4().hex[:12])
+        self._strict = bool(cfg["strict"])
+        if cfg["monitor_gpus"]:
+            from otel_rl.errors import ConfigError
+
+            raise ConfigError(
+                "monitor_gpus is not available yet in this version of otel-rl; "
+                "set monitor_gpus: false"
+            )
+        export = cfg["export"]
+        self._shutdown_timeout = float(export["shutdown_timeout"])
+        options = {
+            "queue_size": int(export["queue_size"]),
+            "on_full": str(export["on_full"]),
+            "retry_max_backoff": float(export["retry_max_backoff"]),
+        }
+        classes = [exporter_class(name) for name in enabled_backends(cfg)]
+        self.exporters = [cls.from_config(cfg, **options) for cls in classes]
+        self.exporters.extend(exporters)
+
+        self._pipeline = Pipeline(cfg, build_resource(cfg, self.run_id))
+        self.meter_provider = self._pipeline.provider
+        self._meter = self._pipeline.provider.get_meter(OWN_SCOPE)
+        self._side_meter = self._pipeline.side_provider.get_meter(OWN_SCOPE)
+        self._router = global_router() if cfg["capture_global_meters"] else None
+        if self._router is not None:
+            self._router.route_to(self._pipeline.provider)
+
+        self._keys = KeyRegistry()
+        self._known: set[str] = set()
+        self._latest: dict[str, float] = {}
+        self._timer_records: dict[str, Callable[[float], None]] = {}
+        self._lock = threading.RLock()
+        self._pending: dict[str, Any] = {}
+        self._pending_otel: list[Any] = []
+        self._pending_step: int | None = None
+        self._step_metrics: dict[str, str] = {}
+        self._last_step: int | None = None
+        self._warned: set[tuple[str, str]] = set()
+        self._finished = False
+        self.stats = {"nonfinite": 0, "backwards_steps": 0, "steps": 0}
+        self._install_self_telemetry()
+        self._atexit = _weak_atexit(self)
+        atexit.register(self._atexit)
+
+    # ---- logging ------------------------------------------------------------------------------
+
+    def log_metrics(
+        self,
+        metrics: Mapping[Any, Any],
+        step: int | None = None,
+        prefix: str = "",
+        step_metric: str | None = None,
+        step_finished: bool = False,
+    ) -> None:
+        """Log ``metrics`` at ``step`` (merged with anything else logged at that step).
+
+        Never raises in the default lenient mode: bad keys and values are reported once each
+        through ``logging``. With ``strict: true`` they raise :class:`otel_rl.MetricError`.
+        """
+        try:
+            self._log_metrics(metrics, step, prefix, step_metric, step_finished)
+        except MetricError:
+            if self._strict:
+                raise
+        except Exception as exc:  # lenient mode: training must survive anything logged
+            if self._strict:
+                raise MetricError("<log_metrics>", f"{type(exc).__name__}: {exc}") from exc
+            self._report("<log_metrics>", f"failed: {type(exc).__name__}: {exc}")
+
+    def _log_metrics(
+        self,
+        metrics: Mapping[Any, Any],
+        step: int | None,
+        prefix: str,
+        step_metric: str | None,
+        step_finished: bool,
+    ) -> None:
+        if self._finished:
+            self._report("<log_metrics>", "called after finish(); values ignored")
+            return
+        if not isinstance(metrics, Mapping):
+            raise MetricError(metrics, f"metrics must be a mapping, got {type(metrics).__name__}")
+        fresh: dict[str, Any] = {}
+        if step_metric is not None and prefix and step_metric in metrics:
+            # NeMo RL convention: the step metric keeps its own name, unprefixed.
+            metrics = dict(metrics)
+            fresh_axis: dict[str, Any] = {}
+            self.stats["nonfinite"] += flatten_into(
+                fresh_axis, {step_metric: metrics.pop(step_metric)}, "", self._report
+            )
+            fresh.update(fresh_axis)
+        self.stats["nonfinite"] += flatten_into(fresh, metrics, prefix, self._report)
+        with self._lock:
+            step = self._resolve_step(step)
+            if self._pending_step is not None and step != self._pending_step:
+                self._seal()
+            self._pending_step = step
+            new = fresh.keys() - self._known
+            if new:
+                self._register(new, fresh)
+            self._pending.update(fresh)
+            if self._pipeline.has_side_readers:
+                self._latest.update(fresh)
+            self._pending_otel.extend(self._pipeline.step_reader.take())
+            if step_metric is not None:
+                self._step_metrics[prefix] = step_metric
+            if step_finished:
+                self._seal()
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """Record the run's configuration (nested keys flattened with ``.``; secrets redacted)."""
+        try:
+            flat = redact(flatten_params(params))
+        except Exception as exc:
+            if self._strict:
+                raise MetricError("<hyperparams>", str(exc)) from exc
+            self._report("<hyperparams>", f"failed: {exc}")
+            return
+        self._submit(Hyperparams(flat))
+
+    def timer(self, name: str) -> Timer:
+        """Time a block or a function into the histogram ``timing/<name>`` (seconds).
+
+        Rows show the step's total seconds under ``timing/<name>``; Prometheus and OTLP get the
+        histogram.
+        """
+        record = self._timer_records.get(name)
+        if record is None:
+            key = f"timing/{name}"
+            try:
+                instrument = self._keys.claim(key, "timer")
+            except KeyCollisionError as exc:
+                raise MetricError(key, str(exc)) from exc
+            histogram = self._meter.create_histogram(
+                instrument,
+                unit="s",
+                description=f"duration of {name}",
+                explicit_bucket_boundaries_advisory=TIMING_BUCKETS,
+            )
+            record = histogram.record
+            self._timer_records[name] = record
+        return Timer(record)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Send the pending step and wait until every tracker has written everything.
+
+        Blocks the caller (up to ``timeout`` seconds, default ``export.shutdown_timeout``);
+        returns whether all trackers caught up.
+        """
+        with self._lock:
+            self._seal(final=True)
+        deadline = time.monotonic() + (self._shutdown_timeout if timeout is None else timeout)
+        ok = True
+        for exporter in self.exporters:
+            left = max(0.0, deadline - time.monotonic())
+            ok = exporter.force_flush(timeout_millis=left * 1000) and ok
+        return ok
+
+    def finish(self, exit_code: int = 0) -> None:
+        """Send what is pending, drain every tracker (within ``export.shutdown_timeout``) and
+        close the run; ``exit_code != 0`` marks it failed in trackers that keep a status."""
+        with self._lock:
+            if self._finished:
+                return
+            self._seal(final=True)
+            self._finished = True
+        atexit.unregister(self._atexit)
+        if self._router is not None:
+            self._router.unroute(self._pipeline.provider)
+        timeout_ms = self._shutdown_timeout * 1000
+        threads = [
+            threading.Thread(
+                target=_shutdown_exporter, args=(e, timeout_ms, exit_code), daemon=True
+            )
+            for e in self.exporters
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self._shutdown_timeout + 1.0
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._pipeline.shutdown(timeout_millis=min(timeout_ms, 10_000))
+
+    def __enter__(self) -> Logger:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(exit_code=0 if exc_type is None else 1)
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _resolve_step(self, step: Any) -> int:
+        if step is None:
+            if self._pending_step is not None:
+                return self._pending_step
+            return 0 if self._last_step is None else self._last_step + 1
+        if type(step) is not int:
+            try:
+                step = int(step)
+            except (TypeError, ValueError) as exc:
+                raise MetricError(step, "step must be an integer or None") from exc
+        last = self._last_step
+        if last is not None and step < last and step != self._pending_step:
+            self.stats["backwards_steps"] += 1
+            self._report(
+                "<step>",
+                f"step went backwards ({last} -> {step}); the rows are still sent: see "
+                "docs/configuration.md for what each tracker does with them",
+            )
+        return step
+
+    def _seal(self, final: bool = False) -> None:
+        """Hand the pending step to the exporters (caller holds the lock)."""
+        if final:
+            self._pending_otel.extend(self._pipeline.step_reader.take())
+        step = self._pending_step
+        if step is None:
+            if not self._pending_otel:
+                return
+            step = 0 if self._last_step is None else self._last_step + 1
+        batch = StepBatch(
+            step=step,
+            values=self._pending,
+            otel=tuple(self._pending_otel),
+            step_metrics=dict(self._step_metrics),
+            converter=self._convert,
+        )
+        self._pending = {}
+        self._pending_otel = []
+        self._pending_step = None
+        self._last_step = step if self._last_step is None else max(step, self._last_step)
+        self.stats["steps"] += 1
+        for exporter in self.exporters:
+            exporter.submit(batch)
+
+    def _convert(self, datas: Sequence[Any]) -> dict[str, Any]:
+        return rows_from_metrics(datas, self._key_of)
+
+    def _key_of(self, scope: str, instrument: str) -> tuple[str, str] | None:
+        if scope != OWN_SCOPE:
+            return None
+        key = self._keys.key_for(instrument)
+        return (key, "timer") if key is not None else None
+
+    def _register(self, new: set[str], fresh: Mapping[str, Any]) -> None:
+        for key in new:
+            try:
+                name = self._keys.claim(key, "gauge")
+            except KeyCollisionError as exc:
+                # The key still reaches the trackers; only the OTel instrument is refused.
+                self._report(key, str(exc))
+                self._known.add(key)
+                continue
+            self._known.add(key)
+            if self._pipeline.has_side_readers and type(fresh[key]) is float:
+                self._side_meter.create_observable_gauge(name, callbacks=[self._observe(key)])
+
+    def _observe(self, key: str) -> Callable[[Any], list[Observation]]:
+        latest = self._latest
+
+        def callback(options: Any) -> list[Observation]:
+            value = latest.get(key)
+            if type(value) is float and math.isfinite(value):
+                return [Observation(value)]
+            return []
+
+        return callback
+
+    def _install_self_telemetry(self) -> None:
+        if not self._pipeline.has_side_readers:
+            return
+
+        def queue_depth(options: Any) -> list[Observation]:
+            return [Observation(e.pending, {"tracker": e.name}) for e in self.exporters]
+
+        def delivered(options: Any) -> list[Observation]:
+            return [
+                Observation(e.stats["delivered"], {"tracker": e.name}) for e in self.exporters
+            ]
+
+        def dropped(options: Any) -> list[Observation]:
+            return [Observation(e.stats["dropped"], {"tracker": e.name}) for e in self.exporters]
+
+        def nonfinite(options: Any) -> list[Observation]:
+            return [Observation(self.stats["nonfinite"])]
+
+        meter = self._side_meter
+        meter.create_observable_gauge("otel_rl.exporter.queue", [queue_depth], unit="{record}")
+        meter.create_observable_counter("otel_rl.exporter.delivered", [delivered])
+        meter.create_observable_counter("otel_rl.exporter.dropped", [dropped])
+        meter.create_observable_counter("otel_rl.values.nonfinite", [nonfinite])
+
+    def _submit(self, record: Any) -> None:
+        for exporter in self.exporters:
+            exporter.submit(record)
+
+    def _report(self, key: str, reason: str) -> None:
+        if self._strict:
+            raise MetricError(key, reason)
+        if (key, reason) in self._warned:
+            return
+        self._warned.add((key, reason))
+        _log.warning("otel-rl: metric %r: %s", key, reason)
+
+
+def _shutdown_exporter(exporter: Any, timeout_ms: float, exit_code: int) -> None:
+    try:
+        exporter.shutdown(timeout_millis=timeout_ms, exit_code=exit_code)
+    except Exception as exc:
+        _log.warning("otel-rl: %s: shutdown failed: %s", getattr(exporter, "name", exporter), exc)
+
+
+def _weak_atexit(logger: Logger) -> Callable[[], None]:
+    ref = weakref.ref(logger)
+
+    def at_exit() -> None:
+        target = ref()
+        if target is not None:
+            target.finish(exit_code=0)
+
+    return at_exit

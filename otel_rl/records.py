@@ -1,0 +1,190 @@
+"""What flows from the training thread to the tracker exporters' threads.
+
+Every record is immutable once handed over. A :class:`StepBatch` carries the logged values of one
+step (the side channel that keeps NaN and text) plus the OTel data collected for that step; its
+``rows`` are computed once, lazily, by whichever exporter thread asks first — never on the
+training thread.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    MetricsData,
+    Sum,
+)
+
+#: The name of otel-rl's own meter; its instruments are mapped back to the user's keys.
+OWN_SCOPE = "otel_rl"
+
+
+@dataclass(frozen=True)
+class HistogramValue:
+    """A histogram for one step: explicit bucket bounds, counts per bucket, and totals."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int
+    sum: float
+    min: float
+    max: float
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.count if self.count else math.nan
+
+    def merge(self, other: HistogramValue) -> HistogramValue:
+        if other.bounds != self.bounds:
+            raise ValueError("cannot merge histograms with different bucket bounds")
+        return HistogramValue(
+            self.bounds,
+            tuple(a + b for a, b in zip(self.counts, other.counts)),
+            self.count + other.count,
+            self.sum + other.sum,
+            min(self.min, other.min),
+            max(self.max, other.max),
+        )
+
+
+#: A value in a tracker row.
+RowValue = Union[float, str, HistogramValue]
+
+
+@dataclass(frozen=True)
+class Hyperparams:
+    """Run configuration, flattened to ``{"a/b": value}``."""
+
+    params: Mapping[str, Any]
+
+
+@dataclass(eq=False)
+class StepBatch:
+    """Everything logged at one step (or one point of another axis, see ``axis``).
+
+    ``axis`` is ``None`` for the training step; otherwise the name of the custom x-axis
+    (``ray/ray_step`` for GPU data, seconds since the run started) and ``step`` its value.
+    ``step_metrics`` maps a key prefix to the metric W&B should plot it against.
+    """
+
+    step: int
+    values: Mapping[str, RowValue] = field(default_factory=dict)
+    otel: Sequence[MetricsData] = ()
+    time: float = field(default_factory=time.time)
+    axis: str | None = None
+    step_metrics: Mapping[str, str] = field(default_factory=dict)
+    converter: Callable[[Sequence[MetricsData]], dict[str, RowValue]] | None = None
+    _rows: dict[str, RowValue] | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def rows(self) -> dict[str, RowValue]:
+        """``{key: value}`` for this step: OTel data first, then the logged values on top."""
+        rows = self._rows
+        if rows is None:
+            with self._lock:
+                rows = self._rows
+                if rows is None:
+                    rows = {}
+                    if self.otel:
+                        convert = self.converter or rows_from_metrics
+                        rows.update(convert(self.otel))
+                    rows.update(self.values)
+                    self._rows = rows
+        return rows
+
+
+def rows_from_metrics(
+    datas: Sequence[MetricsData],
+    key_of: Callable[[str, str], tuple[str, str] | None] | None = None,
+) -> dict[str, RowValue]:
+    """Turn OTel data collected during one step into row values.
+
+    ``key_of(scope, instrument)`` may map an instrument back to ``(user_key, kind)``; kind
+    ``"timer"`` rows hold the step's total seconds. Other instruments appear under their OTel
+    name, with attributes as ``name{a=1,b=x}``. Gauges give their last value, sums their value
+    (per step for counters, which the step reader reads as deltas), histograms a
+    :class:`HistogramValue` under the key plus ``/count, /sum, /mean, /min, /max`` scalars.
+    Several collections within one step are merged.
+    """
+    numbers: dict[str, float] = {}
+    histograms: dict[str, HistogramValue] = {}
+    timers: set[str] = set()
+    for data in datas:
+        for resource_metrics in data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                scope = scope_metrics.scope.name
+                for metric in scope_metrics.metrics:
+                    mapped = key_of(scope, metric.name) if key_of else None
+                    base, kind = mapped if mapped else (metric.name, "")
+                    _merge_points(metric.data, base, kind, numbers, histograms, timers)
+    rows: dict[str, RowValue] = dict(numbers)
+    for key, hist in histograms.items():
+        if key in timers:
+            rows[key] = hist.sum
+            continue
+        rows[key] = hist
+        rows[f"{key}/count"] = float(hist.count)
+        rows[f"{key}/sum"] = hist.sum
+        rows[f"{key}/mean"] = hist.mean
+        rows[f"{key}/min"] = hist.min
+        rows[f"{key}/max"] = hist.max
+    return rows
+
+
+def _merge_points(
+    data: Any,
+    base: str,
+    kind: str,
+    numbers: dict[str, float],
+    histograms: dict[str, HistogramValue],
+    timers: set[str],
+) -> None:
+    for point in data.data_points:
+        key = _with_attributes(base, point.attributes)
+        if isinstance(data, Histogram):
+            hist = HistogramValue(
+                tuple(point.explicit_bounds),
+                tuple(point.bucket_counts),
+                point.count,
+                point.sum,
+                point.min,
+                point.max,
+            )
+            if kind == "timer":
+                timers.add(key)
+            old = histograms.get(key)
+            histograms[key] = old.merge(hist) if old is not None else hist
+        elif isinstance(data, Sum):
+            delta = data.aggregation_temporality == AggregationTemporality.DELTA
+            value = float(point.value)
+            numbers[key] = numbers.get(key, 0.0) + value if delta else value
+        elif isinstance(data, Gauge):
+            numbers[key] = float(point.value)
+        else:  # exponential histograms are configured for OTLP only; keep their totals
+            numbers[f"{key}/count"] = float(point.count)
+            numbers[f"{key}/sum"] = float(point.sum)
+
+
+def _with_attributes(base: str, attributes: Mapping[str, Any] | None) -> str:
+    if not attributes:
+        return base
+    inner = ",".join(f"{k}={attributes[k]}" for k in sorted(attributes))
+    return f"{base}{{{inner}}}"
+
+
+def is_scalar(value: RowValue) -> bool:
+    return type(value) is float
+
+
+def scalar_rows(rows: Mapping[str, RowValue]) -> dict[str, float]:
+    """Only the float values of a row (what a scalar-only tracker can store)."""
+    return {k: v for k, v in rows.items() if type(v) is float}

@@ -1,0 +1,64 @@
+"""Find tracker exporters by name.
+
+Trackers are registered under the ``otel_rl.exporters`` entry-point group, so a third-party
+package can add one (``[project.entry-points."otel_rl.exporters"] mytracker = "pkg:MyExporter"``).
+Built-in ones are also listed here so a source checkout works without installed metadata.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from importlib.metadata import entry_points
+
+from otel_rl.errors import ConfigError
+
+ENTRY_POINT_GROUP = "otel_rl.exporters"
+
+_BUILTIN = {
+    "console": "otel_rl.exporters.console:ConsoleExporter",
+    "jsonl": "otel_rl.exporters.jsonl:JsonlExporter",
+    "tensorboard": "otel_rl.exporters.tensorboard:TensorBoardExporter",
+}
+
+#: Trackers that are planned but not shipped in this release.
+_NOT_YET = {"wandb", "mlflow", "swanlab", "trackio"}
+
+
+def available_exporters() -> dict[str, str]:
+    """``{name: "module:Class"}`` for every installed tracker exporter."""
+    found = dict(_BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found[ep.name] = ep.value
+    return found
+
+
+def exporter_class(name: str) -> type:
+    """Import and return the exporter class registered as ``name``."""
+    target = available_exporters().get(name)
+    if target is None:
+        if name in _NOT_YET:
+            raise ConfigError(
+                f"the '{name}' backend is not available yet in this version of otel-rl; "
+                f"set {name}_enabled: false (available: {', '.join(sorted(_BUILTIN))})"
+            )
+        raise ConfigError(
+            f"no tracker exporter named '{name}' (available: "
+            f"{', '.join(sorted(available_exporters()))})"
+        )
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"the '{name}' backend needs an optional dependency: {exc}. "
+            f"Install it with: pip install 'otel-rl[{name}]'"
+        ) from exc
+    cls = getattr(module, attr)
+    for requirement in getattr(cls, "requires", ()):
+        if importlib.util.find_spec(requirement) is None:
+            raise ConfigError(
+                f"the '{name}' backend needs the '{requirement}' package. "
+                f"Install it with: pip install 'otel-rl[{name}]'"
+            )
+    return cls
