@@ -102,6 +102,20 @@ class TrackerExporter(MetricExporter):
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Record the run's configuration (flattened keys)."""
 
+    def write_plot(self, name: str, step: int, png: bytes) -> None:
+        """Store a rendered figure; trackers without images skip it (one warning)."""
+        self._warn_once("no-plot", "%s: plots are not supported; %r skipped", self.name, name)
+
+    def write_table(
+        self,
+        name: str,
+        step: int,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+    ) -> None:
+        """Store a table; trackers without tables skip it (one warning)."""
+        self._warn_once("no-table", "%s: tables are not supported; %r skipped", self.name, name)
+
     def flush_backend(self) -> None:
         """Push buffered writes out (called when the queue runs empty)."""
 

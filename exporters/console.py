@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TextIO
 
 from otel_rl.exporters.base import TrackerExporter
+
 from otel_rl.records import HistogramValue, RowValue, StepBatch
 
 

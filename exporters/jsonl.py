@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_rl.records import HistogramValue, RowValue, StepBatch
 from otel_rl.exporters.base import TrackerExporter
+
+from otel_rl.records import HistogramValue, RowValue, StepBatch
 
 
 class JsonlExporter(TrackerExporter):

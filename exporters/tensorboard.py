@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from otel_rl.exporters.base import TrackerExporter
+
 from otel_rl.records import HistogramValue, RowValue, StepBatch
 
 _FILE_COUNTER = iter(range(1 << 30))

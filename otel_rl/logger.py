@@ -19,7 +19,15 @@ from otel_rl.config import enabled_backends, resolve_config
 from otel_rl.errors import MetricError
 from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.pipeline import Pipeline, build_resource
-from otel_rl.records import OWN_SCOPE, Hyperparams, StepBatch, rows_from_metrics
+from otel_rl.records import (
+    OWN_SCOPE,
+    Hyperparams,
+    Plot,
+    StepBatch,
+    Table,
+    histogram_of,
+    rows_from_metrics,
+)
 from otel_rl.redaction import flatten_params, redact
 from otel_rl.registry import exporter_class
 from otel_rl.routing import global_router
@@ -170,6 +178,34 @@ class Logger:
             self._report("<hyperparams>", f"failed: {exc}")
             return
         self._submit(Hyperparams(flat))
+
+    def log_plot(self, figure: Any, step: int, name: str) -> None:
+        """Log a matplotlib figure (rendered to PNG here, on the caller's thread: the figure
+        object may change as soon as this returns)."""
+        import io
+
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", bbox_inches="tight")
+        self._submit(Plot(name=name, step=int(step), png=buffer.getvalue()))
+
+    def log_table(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        step: int,
+    ) -> None:
+        """Log a table (e.g. validation samples: input, output, score)."""
+        table = Table(name, int(step), tuple(map(str, columns)), tuple(tuple(r) for r in rows))
+        self._submit(table)
+
+    def log_histogram(self, values: Sequence[float], step: int, name: str, bins: int = 30) -> None:
+        """Log the distribution of ``values`` at ``step`` as a histogram (plus summary stats)."""
+        numbers = [float(v) for v in values]
+        if not numbers:
+            self._report(name, "empty histogram skipped")
+            return
+        self.log_metrics({name: histogram_of(numbers, bins)}, step=step)
 
     def timer(self, name: str) -> Timer:
         """Time a block or a function into the histogram ``timing/<name>`` (seconds).

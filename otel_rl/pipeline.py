@@ -86,7 +86,7 @@ class Pipeline:
         # One target_info per endpoint: the second reader must not render it again.
         side_readers.append(PrometheusMetricReader(registry=registry, disable_target_info=True))
         host, port = str(prom["host"]), int(prom["port"])
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server, _thread = start_http_server(port, addr=host, registry=registry)
         bound = server.server_address[1]
         self.prometheus_url = f"http://{host}:{bound}/metrics"
         self.prometheus_registry = registry

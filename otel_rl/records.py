@@ -47,7 +47,7 @@ class HistogramValue:
             raise ValueError("cannot merge histograms with different bucket bounds")
         return HistogramValue(
             self.bounds,
-            tuple(a + b for a, b in zip(self.counts, other.counts)),
+            tuple(a + b for a, b in zip(self.counts, other.counts, strict=True)),
             self.count + other.count,
             self.sum + other.sum,
             min(self.min, other.min),
@@ -56,7 +56,7 @@ class HistogramValue:
 
 
 #: A value in a tracker row.
-RowValue = Union[float, str, HistogramValue]
+RowValue = Union[float, str, HistogramValue]  # noqa: UP007 (a runtime alias)
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,31 @@ class Hyperparams:
     """Run configuration, flattened to ``{"a/b": value}``."""
 
     params: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A rendered figure (PNG bytes) at a step."""
+
+    name: str
+    step: int
+    png: bytes
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_plot(self.name, self.step, self.png)
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows of a table (e.g. validation samples) at a step; cells are str, int or float."""
+
+    name: str
+    step: int
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_table(self.name, self.step, self.columns, self.rows)
 
 
 @dataclass(eq=False)
@@ -188,3 +213,17 @@ def is_scalar(value: RowValue) -> bool:
 def scalar_rows(rows: Mapping[str, RowValue]) -> dict[str, float]:
     """Only the float values of a row (what a scalar-only tracker can store)."""
     return {k: v for k, v in rows.items() if type(v) is float}
+
+
+def histogram_of(numbers: Sequence[float], bins: int = 30) -> HistogramValue:
+    """Equal-width histogram of finite ``numbers`` (non-finite ones are not bucketed)."""
+    finite = [x for x in numbers if math.isfinite(x)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    width = (hi - lo) / bins if hi > lo else 1.0
+    bounds = tuple(lo + width * i for i in range(1, bins))
+    counts = [0] * bins
+    for x in finite:
+        counts[min(int((x - lo) / width), bins - 1)] += 1
+    return HistogramValue(
+        bounds, tuple(counts), len(finite), math.fsum(finite), lo, hi
+    )

@@ -15,6 +15,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from otel_rl.records import HistogramValue
+
 #: Called as ``report(key, reason)`` for every value that is not logged as given.
 Reporter = Callable[[str, str], None]
 
@@ -63,7 +65,7 @@ def _convert_slow(out: dict[str, Any], key: str, value: Any, report: Reporter) -
         number = float(value)
         out[key] = number
         return 0 if math.isfinite(number) else 1
-    if isinstance(value, str):
+    if isinstance(value, (str, HistogramValue)):
         out[key] = value
         return 0
     if value is None:

@@ -1,0 +1,18 @@
+"""Ray integration: GPU/node metrics from Ray's Prometheus endpoints, and a metrics aggregator
+actor for workers. Nothing here imports ``ray`` until it is used."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY: dict[str, str] = {}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'otel_rl.ray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
