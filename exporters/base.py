@@ -1,19 +1,20 @@
 """The shared base of every tracker exporter: an OTel MetricExporter with its own thread.
 
-A tracker exporter receives records (step batches, hyperparameters) from the training thread
-through :meth:`TrackerExporter.submit`, which only appends to a bounded in-memory queue. One
-worker thread per exporter opens the tracker, writes records in order, retries failures with
-exponential backoff, and closes the tracker at shutdown. A tracker that raises or hangs delays
-only its own queue: training and the other trackers never wait for it.
+A tracker exporter receives records (step batches, hyperparameters, plots, tables) from the
+training thread through :meth:`TrackerExporter.submit`, which only appends to a queue. Its
+:class:`~otel_rl.delivery.Delivery` spools them to disk, and one worker thread per exporter opens
+the tracker, writes records in order, retries failures with exponential backoff, and closes the
+tracker at shutdown. A tracker that raises or hangs delays only its own queue: training and the
+other trackers never wait for it.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import os
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from opentelemetry.sdk.metrics.export import (
@@ -23,19 +24,15 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
 )
 
+from otel_rl.delivery import Delivery, RowRejected
 from otel_rl.records import Hyperparams, RowValue, StepBatch
 from otel_rl.step_reader import STEP_TEMPORALITY
 
 _log = logging.getLogger("otel_rl")
 
+__all__ = ["RowRejected", "TrackerExporter"]
+
 Record = Any  # StepBatch | Hyperparams | anything with ``deliver_to(exporter)``
-
-
-class RowRejected(Exception):
-    """Raised by a tracker write to drop a record for good (it can never succeed).
-
-    Anything else a write raises is taken as transient and retried.
-    """
 
 
 class TrackerExporter(MetricExporter):
@@ -56,34 +53,46 @@ class TrackerExporter(MetricExporter):
         self,
         *,
         queue_size: int = 10_000,
-        on_full: str = "drop_oldest",
+        on_full: str = "spool",
         retry_max_backoff: float = 10.0,
+        spool_dir: str | os.PathLike | None = None,
+        fsync_interval: float = 1.0,
+        spool_meta: Mapping[str, Any] | None = None,
         time_axis: str = "otel_rl/elapsed_s",
         step_gauge: str | None = None,
     ) -> None:
         super().__init__(preferred_temporality=STEP_TEMPORALITY)
-        if on_full not in ("drop_oldest", "block"):
-            raise ValueError(f"on_full must be 'drop_oldest' or 'block', got {on_full!r}")
-        self._queue: deque[Record] = deque()
-        self._queue_size = max(queue_size, self.max_batch)
-        self._on_full = on_full
-        self._retry_max_backoff = retry_max_backoff
         self._time_axis = time_axis
         self._step_gauge = step_gauge
         self._started_at = time.monotonic()
-        self._cond = threading.Condition()
-        self._inflight = 0
-        self._stopping = False
-        self._closed = False
-        self._idle = True
-        self._opened = False
-        self._exit_code = 0
         self._warned: set[str] = set()
-        self.stats = {"submitted": 0, "delivered": 0, "dropped": 0, "rejected": 0, "retries": 0}
-        self._thread = threading.Thread(
-            target=self._run, name=f"otel-rl-{self.name}", daemon=True
+        #: Config overrides that reopen this tracker's run later (``otel-rl replay``); set it in
+        #: ``open()``, e.g. ``{"mlflow": {"run_id": run.info.run_id}}``.
+        self.resume_config: dict[str, Any] = {}
+        self._spool_meta = dict(spool_meta or {})
+        self._delivery = Delivery(
+            self.name,
+            open=self._open_and_remember,
+            deliver=self._deliver,
+            flush=self.flush_backend,
+            close=self.close,
+            max_batch=self.max_batch,
+            queue_size=queue_size,
+            on_full=on_full,
+            retry_max_backoff=retry_max_backoff,
+            spool_dir=spool_dir,
+            fsync_interval=fsync_interval,
+            warn_once=self._warn_once,
         )
-        self._thread.start()
+        self.stats = self._delivery.stats
+        self._write_spool_meta()
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], **options: Any) -> TrackerExporter:
+        """Build from a resolved logger config. This default passes the tracker's
+        ``trackers: {<name>: {...}}`` options as keyword arguments (third-party trackers)."""
+        own = dict((cfg.get("trackers") or {}).get(cls.name) or {})
+        return cls(**own, **options)
 
     # ---- tracker hooks (worker thread) -------------------------------------------------------
 
@@ -124,41 +133,19 @@ class TrackerExporter(MetricExporter):
 
     # ---- training-thread side ----------------------------------------------------------------
 
-    def submit(self, record: Record) -> None:
-        """Queue ``record`` for the worker thread. Never blocks unless ``on_full='block'``."""
-        with self._cond:
-            if self._closed:
-                self._warn_once("closed", "%s: record after shutdown ignored", self.name)
-                return
-            while len(self._queue) >= self._queue_size:
-                if self._on_full == "block":
-                    self._cond.wait()
-                    continue
-                self._drop_oldest()
-            self._queue.append(record)
-            self.stats["submitted"] += 1
-            self._idle = False
-            self._cond.notify_all()
-
-    def _drop_oldest(self) -> None:
-        # Items at the head may be in flight on the worker; drop the oldest one that is not.
-        index = self._inflight
-        if index >= len(self._queue):
-            index = len(self._queue) - 1
-        del self._queue[index]
-        self.stats["dropped"] += 1
-        self._warn_once(
-            "dropped",
-            "%s: queue full (%d records), dropping the oldest; raise export.queue_size or use "
-            "export.on_full='block'",
-            self.name,
-            self._queue_size,
-        )
+    def submit(self, record: Any) -> None:
+        """Queue ``record`` for this tracker. Never blocks unless ``on_full='block'``."""
+        self._delivery.submit(record)
 
     @property
     def pending(self) -> int:
-        """Records queued or in flight."""
-        return len(self._queue)
+        """Records submitted and not yet delivered."""
+        return self._delivery.pending
+
+    @property
+    def spool_dir(self) -> Path | None:
+        spool = self._delivery.spool
+        return spool.dir if spool is not None else None
 
     # ---- OTel MetricExporter API -------------------------------------------------------------
 
@@ -172,127 +159,58 @@ class TrackerExporter(MetricExporter):
 
     def force_flush(self, timeout_millis: float = 30_000) -> bool:
         """Wait until every queued record is written (or the timeout passes)."""
-        deadline = time.monotonic() + timeout_millis / 1000
-        with self._cond:
-            while not self._idle:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._thread.is_alive():
-                    return False
-                self._cond.wait(left)
-        return True
+        return self._delivery.wait_idle(timeout_millis / 1000)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         """Drain within the timeout, then close the tracker (``exit_code`` kwarg: run status)."""
-        self._exit_code = int(kwargs.get("exit_code", 0) or 0)
-        with self._cond:
-            if self._closed:
-                return
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join(timeout_millis / 1000)
-        with self._cond:
-            self._closed = True
-            left = len(self._queue)
-            self._cond.notify_all()
-        if left or self._thread.is_alive():
+        exit_code = int(kwargs.get("exit_code", 0) or 0)
+        left = self._delivery.shutdown(timeout_millis / 1000, exit_code)
+        self.undelivered = left
+        if self.spool_dir is not None:
+            self._write_spool_meta(exit_code=exit_code)
+        if left and self.spool_dir is not None:
+            log_dir = self._spool_meta.get("log_dir", "<log_dir>")
+            _log.warning(
+                "otel-rl: %s: %d record(s) not delivered before the shutdown timeout; they are "
+                "in the spool (%s). Deliver them with: otel-rl replay %s",
+                self.name, left, self.spool_dir, log_dir,
+            )
+        elif left:
             _log.warning(
                 "otel-rl: %s: %d record(s) not delivered before the shutdown timeout",
-                self.name,
-                left,
+                self.name, left,
             )
 
     # ---- worker thread -----------------------------------------------------------------------
 
-    def _run(self) -> None:
-        backoff = 0.0
-        while True:
-            with self._cond:
-                while not self._queue and not self._stopping:
-                    if not self._idle:
-                        self._flush_quietly()
-                        self._idle = True
-                        self._cond.notify_all()
-                    self._cond.wait()
-                if not self._queue and self._stopping:
-                    break
-                if self._closed:
-                    return
-                items = self._take_locked()
-            try:
-                if not self._opened:
-                    self.open()
-                    self._opened = True
-                delivered = self._deliver(items)
-                backoff = 0.0
-            except Exception as exc:  # a tracker failure must never escape this thread
-                self.stats["retries"] += 1
-                self._warn_once(
-                    f"error:{type(exc).__name__}",
-                    "%s: write failed (%s: %s); retrying with backoff, training continues",
-                    self.name,
-                    type(exc).__name__,
-                    exc,
-                )
-                backoff = min(max(backoff * 2, 0.05), self._retry_max_backoff)
-                with self._cond:
-                    self._inflight = 0
-                    if self._closed:
-                        return
-                    self._cond.wait(backoff)  # shutdown wakes us early; the retry still runs
-                continue
-            with self._cond:
-                for _ in range(delivered):
-                    self._queue.popleft()
-                self._inflight = 0
-                self.stats["delivered"] += delivered
-                self._cond.notify_all()
-        self._flush_quietly()
-        if self._opened:
-            try:
-                self.close(self._exit_code)
-            except Exception as exc:
-                _log.warning("otel-rl: %s: close failed: %s", self.name, exc)
-        with self._cond:
-            self._idle = True
-            self._cond.notify_all()
+    def _open_and_remember(self) -> None:
+        self.open()
+        if self.resume_config and self.spool_dir is not None:
+            self._write_spool_meta()
 
-    def _take_locked(self) -> list[Record]:
-        first = self._queue[0]
-        items = [first]
-        if isinstance(first, StepBatch) and self.max_batch > 1:
-            for record in list(self._queue)[1 : self.max_batch]:
-                if not isinstance(record, StepBatch):
-                    break
-                items.append(record)
-        self._inflight = len(items)
-        return items
-
-    def _deliver(self, items: list[Record]) -> int:
-        try:
-            first = items[0]
-            if isinstance(first, StepBatch):
-                if len(items) == 1:
-                    self.write_step(first.step, first.rows, first)
-                else:
-                    self.write_batches(items)
-            elif isinstance(first, Hyperparams):
-                self.write_hyperparams(first.params)
+    def _deliver(self, items: list[Record]) -> None:
+        first = items[0]
+        if isinstance(first, StepBatch):
+            if len(items) == 1:
+                self.write_step(first.step, first.rows, first)
             else:
-                first.deliver_to(self)
-        except RowRejected as exc:
-            self.stats["rejected"] += len(items)
-            self._warn_once(
-                f"rejected:{exc}", "%s: record rejected by the tracker, skipped: %s", self.name, exc
-            )
-        return len(items)
+                self.write_batches(items)
+        elif isinstance(first, Hyperparams):
+            self.write_hyperparams(first.params)
+        else:
+            first.deliver_to(self)
 
-    def _flush_quietly(self) -> None:
-        if not self._opened:
+    def _write_spool_meta(self, exit_code: int | None = None) -> None:
+        spool = self._delivery.spool
+        if spool is None:
             return
+        meta = {**self._spool_meta, "tracker": self.name, "resume": self.resume_config}
+        if exit_code is not None:
+            meta["exit_code"] = exit_code
         try:
-            self.flush_backend()
-        except Exception as exc:
-            self._warn_once(f"flush:{type(exc).__name__}", "%s: flush failed: %s", self.name, exc)
+            spool.write_meta(meta)
+        except OSError as exc:
+            self._warn_once("meta", "%s: cannot write spool metadata: %s", self.name, exc)
 
     def _axis_point(self, metrics_data: MetricsData) -> tuple[int, str | None]:
         if self._step_gauge:
