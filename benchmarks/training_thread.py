@@ -118,6 +118,10 @@ def measure(steps: int = 500, keys: int = 100, rounds: int = 3) -> dict[str, Any
     }
 
 
+def run(quick: bool = False) -> dict[str, Any]:
+    return measure(steps=100 if quick else 500, keys=100, rounds=1 if quick else 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=500)

@@ -1,0 +1,88 @@
+"""Run every benchmark, print a table, write benchmarks/results.json.
+
+    python -m benchmarks            # the full set (under 10 minutes on 2 cores)
+    python -m benchmarks --quick    # seconds; what CI runs so the benchmarks never rot
+    python -m benchmarks --only scaling,training_thread
+
+Each benchmark measures otel-rl and a baseline in the same run, alternating, and reports medians
+and the ratio. Nothing here asserts a speed: the numbers are for people to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: Benchmark modules, each with ``run(quick: bool) -> dict | list``.
+BENCHMARKS = ("training_thread", "slow_tracker", "scaling", "gpu_scrape", "merge", "artifact_dump")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes, seconds in total")
+    parser.add_argument("--only", default="", help="comma-separated benchmark names")
+    parser.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or list(BENCHMARKS)
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "cpus": _cpus(),
+                    "platform": platform.platform()},
+        "quick": args.quick,
+    }
+    failed = 0
+    for name in names:
+        started = time.monotonic()
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+        except ImportError as exc:
+            print(f"## {name}: skipped ({exc})")
+            results[name] = {"skipped": str(exc)}
+            continue
+        print(f"## {name}", flush=True)
+        try:
+            result = module.run(quick=args.quick)
+        except Exception as exc:  # one broken benchmark must not hide the others' numbers
+            failed += 1
+            print(f"   failed: {type(exc).__name__}: {exc}")
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        results[name] = result
+        _print_table(result)
+        print(f"   ({time.monotonic() - started:.1f} s)\n", flush=True)
+    Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+    print(f"wrote {args.out}")
+    return 1 if failed else 0
+
+
+def _print_table(result: Any, indent: str = "   ") -> None:
+    if isinstance(result, dict) and all(not isinstance(v, (dict, list)) for v in result.values()):
+        result = [result]
+    if isinstance(result, list) and result and all(isinstance(r, dict) for r in result):
+        columns = list(dict.fromkeys(k for r in result for k in r))
+        widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in result)) for c in columns}
+        print(indent + "  ".join(c.ljust(widths[c]) for c in columns))
+        for row in result:
+            print(indent + "  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+        return
+    if isinstance(result, dict):
+        for key, value in result.items():
+            print(f"{indent}{key}:")
+            _print_table(value, indent + "   ")
+        return
+    print(indent + str(result))
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
