@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,6 +24,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricExportResult,
     MetricsData,
 )
+from otel_rl.exporters.step_order import StepOrder
 
 from otel_rl.delivery import Delivery, RowRejected
 from otel_rl.records import Hyperparams, RowValue, StepBatch
@@ -48,6 +50,11 @@ class TrackerExporter(MetricExporter):
     max_batch: ClassVar[int] = 1
     #: Importable modules the tracker needs; checked before the exporter is built.
     requires: ClassVar[tuple[str, ...]] = ()
+    #: What the tracker does with a training step lower than one it already has (for the
+    #: one warning; docs/backends/README.md has the table).
+    backwards_policy: ClassVar[str] = "it keeps both points at that step"
+    #: Trackers that keep one value per key and step lose a repeated step as well.
+    repeat_is_backwards: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -70,6 +77,8 @@ class TrackerExporter(MetricExporter):
         #: ``open()``, e.g. ``{"mlflow": {"run_id": run.info.run_id}}``.
         self.resume_config: dict[str, Any] = {}
         self._spool_meta = dict(spool_meta or {})
+        self._order = StepOrder(repeat_is_backwards=self.repeat_is_backwards)
+        self._noted: weakref.WeakSet[StepBatch] = weakref.WeakSet()
         self._delivery = Delivery(
             self.name,
             open=self._open_and_remember,
@@ -189,6 +198,7 @@ class TrackerExporter(MetricExporter):
             self._write_spool_meta()
 
     def _deliver(self, items: list[Record]) -> None:
+        self._note_order(items)
         first = items[0]
         if isinstance(first, StepBatch):
             if len(items) == 1:
@@ -199,6 +209,25 @@ class TrackerExporter(MetricExporter):
             self.write_hyperparams(first.params)
         else:
             first.deliver_to(self)
+
+    def _note_order(self, items: list[Record]) -> None:
+        for batch in items:
+            # Once per batch: a retried write delivers the same batch again.
+            if not isinstance(batch, StepBatch) or batch.axis is not None or batch in self._noted:
+                continue
+            self._noted.add(batch)
+            previous = self._order.check(batch.step)
+            if previous is None:
+                continue
+            self.stats["backwards_steps"] = self._order.backwards
+            self._warn_once(
+                "backwards",
+                "%s: step went backwards (%d after %d); %s; further occurrences are only counted",
+                self.name,
+                batch.step,
+                previous,
+                self.backwards_policy,
+            )
 
     def _write_spool_meta(self, exit_code: int | None = None) -> None:
         spool = self._delivery.spool

@@ -4,7 +4,8 @@ Each line is ``{"step": N, "time": <unix seconds>, "metrics": {key: value}}`` (p
 for rows on a custom x-axis such as GPU data). Values are numbers, strings, or histograms as
 ``{"count", "sum", "min", "max", "bounds", "counts"}``. NaN and ±inf are written as the bare
 tokens ``NaN``/``Infinity``/``-Infinity`` that Python's ``json`` and pandas read back. The file is
-opened for appending: a second run adds to it, never truncates it.
+opened for appending: a second run adds to it, never truncates it. Plots are stored beside it as
+``plots/<name>/step_<N>.png`` and tables as lines of ``tables.jsonl``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ class JsonlExporter(TrackerExporter):
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(merged, indent=2, sort_keys=True))
         tmp.replace(path)
+
+    def write_plot(self, name: str, step: int, png: bytes) -> None:
+        # One file per step, never overwritten: <dir of metrics.jsonl>/plots/<name>/step_<N>.png
+        path = self.path.parent / "plots" / name / f"step_{step}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+
+    def write_table(
+        self, name: str, step: int, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        record = {"step": step, "table": name, "columns": list(columns),
+                  "rows": [[_jsonable(c) for c in row] for row in rows]}
+        with self.path.with_name("tables.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
 
     def flush_backend(self) -> None:
         if self._file is not None:

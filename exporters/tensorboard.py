@@ -2,9 +2,11 @@
 
 Output goes to ``<log_dir>/tensorboard/`` (or ``tensorboard.log_dir``), as NeMo RL lays it out.
 Each step becomes one event holding all its scalars (``simple_value``, float32 as TensorBoard
-stores them), histograms, and text (the text plugin's string tensors). Only the event protos
-from the ``tensorboard`` package are used; records are framed here (TFRecord: length, masked
-CRC32C of the length, payload, masked CRC32C of the payload).
+stores them), histograms, and text (the text plugin's string tensors). Hyperparameters go to the
+HPARAMS tab (and as a Markdown table to the TEXT tab), plots to IMAGES, tables to TEXT as Markdown
+(see :mod:`otel_rl.exporters.tensorboard_summaries`). Only the protos from the ``tensorboard``
+package are used; records are framed here (TFRecord: length, masked CRC32C of the length,
+payload, masked CRC32C of the payload).
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_rl.exporters.base import TrackerExporter
+from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.exporters.tensorboard_summaries import (
+    hparams_end_value,
+    hparams_start_value,
+    image_value,
+    markdown_table,
+    text_value,
+)
 
 from otel_rl.records import HistogramValue, RowValue, StepBatch
 
@@ -26,6 +35,9 @@ _FILE_COUNTER = iter(range(1 << 30))
 
 class TensorBoardExporter(TrackerExporter):
     name: ClassVar[str] = "tensorboard"
+    backwards_policy: ClassVar[str] = (
+        "TensorBoard keeps both points at that step (the chart line goes back)"
+    )
     max_batch: ClassVar[int] = 256
     requires: ClassVar[tuple[str, ...]] = ("tensorboard",)
 
@@ -34,7 +46,11 @@ class TensorBoardExporter(TrackerExporter):
         self._file: Any = None
         self._pb: Any = None
         self._crc: Any = None
+        self._hparams: dict[str, Any] = {}
+        self._hparams_state = "none"  # "none" -> "pending" -> "written"
+        self._started = time.time()
         super().__init__(**kwargs)
+        self.stats["backwards_steps"] = 0
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> TensorBoardExporter:
@@ -60,16 +76,44 @@ class TensorBoardExporter(TrackerExporter):
         self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
-        self._write_event(self._event(step, rows, batch.time))
+        self.write_batches([batch])
 
     def write_batches(self, batches: Sequence[StepBatch]) -> None:
+        self._write_pending_hparams()
         for batch in batches:
             self._write_event(self._event(batch.step, batch.rows, batch.time))
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
-        text = "\n".join(f"| {k} | {v} |" for k, v in sorted(params.items()))
-        rows = {"hyperparams": "| key | value |\n|---|---|\n" + text}
-        self._write_event(self._event(0, rows, time.time()))
+        changed = any(k not in self._hparams or self._hparams[k] != v for k, v in params.items())
+        if self._hparams_state == "written" and changed:
+            # TensorBoard keeps the first session_start_info of a run directory.
+            self._warn_once(
+                "late-hparams",
+                "%s: hyperparameters logged after the first step appear in the TEXT tab only; "
+                "the HPARAMS tab keeps those logged before it",
+                self.name,
+            )
+        self._hparams.update(params)
+        if self._hparams_state == "none":
+            self._hparams_state = "pending"
+        table = markdown_table(["key", "value"], sorted(self._hparams.items()))
+        self._write_values(0, [text_value("hyperparams", table)], time.time())
+
+    def write_plot(self, name: str, step: int, png: bytes) -> None:
+        try:
+            value = image_value(name, png)
+        except ValueError as exc:
+            raise RowRejected(f"plot {name!r} at step {step}: {exc}") from exc
+        self._write_values(step, [value], time.time())
+
+    def write_table(
+        self,
+        name: str,
+        step: int,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+    ) -> None:
+        self._write_values(step, [text_value(name, markdown_table(columns, rows))], time.time())
 
     def flush_backend(self) -> None:
         if self._file is not None:
@@ -77,27 +121,32 @@ class TensorBoardExporter(TrackerExporter):
 
     def close(self, exit_code: int) -> None:
         if self._file is not None:
+            self._write_pending_hparams()
+            if self._hparams_state == "written":
+                self._write_values(0, [hparams_end_value(exit_code)], time.time())
             self._file.close()
             self._file = None
 
+    def _write_pending_hparams(self) -> None:
+        # Written just before the first step, so that every hyperparameter logged at start-up
+        # (often in several calls) lands in the one session_start_info TensorBoard reads.
+        if self._hparams_state == "pending":
+            self._write_values(0, [hparams_start_value(self._hparams, self._started)], time.time())
+            self._hparams_state = "written"
+
+    def _write_values(self, step: int, values: list[Any], wall_time: float) -> None:
+        event_pb2, summary_pb2, _, _ = self._pb
+        summary = summary_pb2.Summary(value=values)
+        self._write_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+
     def _event(self, step: int, rows: Mapping[str, RowValue], wall_time: float) -> Any:
-        event_pb2, summary_pb2, tensor_pb2, types_pb2 = self._pb
+        event_pb2, summary_pb2, _, _ = self._pb
         values = []
         for tag, value in rows.items():
             if type(value) is float:
                 values.append(summary_pb2.Summary.Value(tag=tag, simple_value=value))
             elif isinstance(value, str):
-                values.append(
-                    summary_pb2.Summary.Value(
-                        tag=tag,
-                        metadata=summary_pb2.SummaryMetadata(
-                            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text")
-                        ),
-                        tensor=tensor_pb2.TensorProto(
-                            dtype=types_pb2.DT_STRING, string_val=[value.encode("utf-8")]
-                        ),
-                    )
-                )
+                values.append(text_value(tag, value))
             elif isinstance(value, HistogramValue):
                 values.append(summary_pb2.Summary.Value(tag=tag, histo=_histogram_proto(value)))
         summary = summary_pb2.Summary(value=values)

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 from otel_rl.errors import ConfigError, MetricError, OtelRLError
 
 if TYPE_CHECKING:
+    from otel_rl.distributed.worker import WorkerMetrics
     from otel_rl.logger import Logger
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "Logger", "MetricError", "OtelRLError", "__version__"]
+__all__ = ["ConfigError", "Logger", "MetricError", "OtelRLError", "WorkerMetrics", "__version__"]
 
-_LAZY = {"Logger": "otel_rl.logger"}
+_LAZY = {"Logger": "otel_rl.logger", "WorkerMetrics": "otel_rl.distributed.worker"}
 
 
 def __getattr__(name: str) -> Any:

@@ -22,11 +22,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo.add_argument("--prometheus-port", type=int, default=None, help="serve /metrics here")
     demo.add_argument("--otlp-endpoint", default=None, help="push OTLP/HTTP to this collector")
+    demo.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="pace the loop to this many seconds per step (e.g. 1 for a live dashboard)",
+    )
+    demo.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="keep /metrics served this many seconds after the last step (default 0)",
+    )
     demo.set_defaults(run=_demo)
+
+    replay = commands.add_parser(
+        "replay", help="deliver spooled records that trackers did not get (after a crash/outage)"
+    )
+    replay.add_argument("log_dir", help="the run's log_dir")
+    replay.add_argument("--no-progress", action="store_true", help="no progress bar")
+    replay.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait per tracker (default 300)"
+    )
+    replay.set_defaults(run=_replay)
+
+    from otel_rl.ray import monitor_cli
+
+    gpu_monitor = commands.add_parser(
+        "gpu-monitor", help="scrape Ray nodes' GPU metrics standalone and print a live table"
+    )
+    monitor_cli.add_arguments(gpu_monitor)
+    gpu_monitor.set_defaults(run=monitor_cli.run)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     return int(args.run(args) or 0)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from otel_rl.replay import replay, spooled_runs
+
+    if not spooled_runs(args.log_dir):
+        print(f"otel-rl replay: nothing spooled under {args.log_dir}", file=sys.stderr)
+        return 0
+    results = replay(args.log_dir, progress=not args.no_progress, timeout=args.timeout)
+    incomplete = 0
+    for r in results:
+        print(f"{r.tracker:<12} run {r.run_id}: {r.delivered}/{r.pending} record(s) delivered")
+        incomplete += r.pending - r.delivered
+    if incomplete:
+        print(f"otel-rl replay: {incomplete} record(s) still undelivered; run it again once the "
+              "tracker is reachable", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -40,6 +88,8 @@ def _demo(args: argparse.Namespace) -> int:
             backends=backends,
             prometheus_port=args.prometheus_port,
             otlp_endpoint=args.otlp_endpoint,
+            step_seconds=args.step_seconds,
+            hold=args.hold,
         )
     except ValueError as exc:
         print(f"otel-rl demo: {exc}", file=sys.stderr)
@@ -52,6 +102,8 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"  view them with:   tensorboard --logdir {summary['tensorboard']}")
     if summary.get("prometheus"):
         print(f"  Prometheus:       {summary['prometheus']} (served while the demo ran)")
+    if summary.get("otlp"):
+        print(f"  OTLP:             pushed to {summary['otlp']}")
     return 0
 
 

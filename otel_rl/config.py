@@ -17,7 +17,7 @@ from typing import Any
 from otel_rl.errors import ConfigError
 
 #: Sub-dicts that are handed to a tracker's SDK as they are (any key allowed).
-PASSTHROUGH_SECTIONS = ("wandb", "mlflow", "swanlab", "trackio")
+PASSTHROUGH_SECTIONS = ("wandb", "mlflow", "swanlab", "trackio", "trackers")
 
 #: Tracker backends and the config flag that enables each.
 BACKEND_FLAGS = {
@@ -39,7 +39,14 @@ DEFAULTS: dict[str, Any] = {
     "swanlab_enabled": False,
     "monitor_gpus": False,
     "num_val_samples_to_print": 0,
-    "gpu_monitoring": {"collection_interval": 10.0, "flush_interval": 10.0, "endpoints": []},
+    # endpoints: static "http://host:port/metrics" list instead of ray.nodes() discovery;
+    # timeout: seconds for one node's whole request (see docs/gpu-monitoring.md)
+    "gpu_monitoring": {
+        "collection_interval": 10.0,
+        "flush_interval": 10.0,
+        "endpoints": [],
+        "timeout": 5.0,
+    },
     "wandb": {},
     "mlflow": {},
     "swanlab": {},
@@ -55,17 +62,22 @@ DEFAULTS: dict[str, Any] = {
         "enabled": False,
         "endpoint": None,
         "protocol": None,
-        "interval": 10.0,
-        "timeout": 5.0,
+        # null: the OTEL_* env var, then otel-rl's default (see otel_rl/otlp.py)
+        "interval": None,
+        "timeout": None,
         "headers": {},
         "insecure": None,
+        "histogram": None,
     },
     "prometheus": {"enabled": False, "host": "127.0.0.1", "port": 9464},
     "export": {
         "queue_size": 10_000,
-        "on_full": "drop_oldest",
+        "on_full": "spool",
         "shutdown_timeout": 30.0,
         "retry_max_backoff": 10.0,
+        "spool": True,
+        "fsync_interval": 1.0,
+        "handle_signals": True,
     },
     "strict": False,
     "capture_global_meters": True,
@@ -74,9 +86,15 @@ DEFAULTS: dict[str, Any] = {
     "experiment": None,
     "role": "driver",
     "rank": 0,
+    # how worker metrics combine across ranks, by key or glob pattern (docs/distributed.md)
+    "reductions": {},
+    "tracing": {"enabled": False},
+    # more trackers by registry name, each with its options: {"mytracker": {...}}; built-in
+    # and third-party ones (the otel_rl.exporters entry-point group), see docs/backends/
+    "trackers": {},
 }
 
-_ON_FULL = ("drop_oldest", "block")
+_ON_FULL = ("spool", "block", "drop_oldest")
 
 
 def load_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
@@ -114,7 +132,9 @@ def resolve_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict
 
 def enabled_backends(cfg: Mapping[str, Any]) -> list[str]:
     """Names of the tracker backends a resolved config enables, in a stable order."""
-    return [name for name, flag in BACKEND_FLAGS.items() if cfg.get(flag)]
+    names = [name for name, flag in BACKEND_FLAGS.items() if cfg.get(flag)]
+    names.extend(name for name in cfg.get("trackers") or {} if name not in names)
+    return names
 
 
 def _merge(into: dict[str, Any], user: Mapping[str, Any], path: str) -> None:
@@ -129,7 +149,7 @@ def _merge(into: dict[str, Any], user: Mapping[str, Any], path: str) -> None:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"logger config '{where}' must be a mapping, got {value!r}")
             into[key] = dict(value)
-        elif isinstance(default, dict) and key not in ("headers",):
+        elif isinstance(default, dict) and key not in ("headers", "reductions"):
             if value is None:
                 continue
             if not isinstance(value, Mapping):
@@ -150,10 +170,23 @@ def _check(cfg: dict[str, Any]) -> None:
         _expect(cfg, flag, bool)
     _expect(cfg, "log_dir", (str, os.PathLike))
     _expect(cfg, "num_val_samples_to_print", int)
+    for name, options in list(cfg["trackers"].items()):
+        if options is None:
+            cfg["trackers"][name] = {}
+        elif not isinstance(name, str) or not isinstance(options, Mapping):
+            raise ConfigError(
+                f"logger config 'trackers.{name}' must map a tracker name to its options"
+            )
     gpu = cfg["gpu_monitoring"]
-    for key in ("collection_interval", "flush_interval"):
+    for key in ("collection_interval", "flush_interval", "timeout"):
         if not isinstance(gpu[key], (int, float)) or gpu[key] <= 0:
             raise ConfigError(f"logger config 'gpu_monitoring.{key}' must be a positive number")
+    endpoints = gpu["endpoints"]
+    if endpoints is None:
+        gpu["endpoints"] = []
+    elif isinstance(endpoints, str) or not all(isinstance(e, str) for e in endpoints):
+        raise ConfigError("logger config 'gpu_monitoring.endpoints' must be a list of URLs")
+    _check_gpu_sources(cfg)
     export = cfg["export"]
     if export["on_full"] not in _ON_FULL:
         raise ConfigError(
@@ -162,8 +195,40 @@ def _check(cfg: dict[str, Any]) -> None:
         )
     if not isinstance(export["queue_size"], int) or export["queue_size"] < 1:
         raise ConfigError("logger config 'export.queue_size' must be a positive integer")
+    if export["on_full"] == "spool" and not export["spool"]:
+        raise ConfigError(
+            "logger config 'export.on_full: spool' needs 'export.spool: true'; "
+            "choose 'block' or 'drop_oldest' without a spool"
+        )
+    if not isinstance(export["fsync_interval"], (int, float)) or export["fsync_interval"] <= 0:
+        raise ConfigError("logger config 'export.fsync_interval' must be a positive number")
     if cfg["console"]["every"] < 1:
         raise ConfigError("logger config 'console.every' must be >= 1")
+    if not isinstance(cfg["tracing"]["enabled"], bool):
+        raise ConfigError("logger config 'tracing.enabled' must be bool")
+    from otel_rl.distributed.reductions import check_reductions
+
+    check_reductions(cfg["reductions"])
+    from otel_rl.otlp import check_otlp_config
+
+    check_otlp_config(cfg["otlp"])
+
+
+def _check_gpu_sources(cfg: Mapping[str, Any]) -> None:
+    import importlib.util
+
+    from otel_rl.ray.discovery import endpoint_targets
+
+    endpoints = cfg["gpu_monitoring"]["endpoints"]
+    try:
+        endpoint_targets(endpoints)
+    except ValueError as exc:
+        raise ConfigError(f"logger config 'gpu_monitoring.endpoints': {exc}") from exc
+    if cfg["monitor_gpus"] and not endpoints and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "monitor_gpus needs Ray to find the nodes (pip install 'otel-rl[ray]') or a "
+            "list of metrics endpoints in gpu_monitoring.endpoints"
+        )
 
 
 def _expect(cfg: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> None:

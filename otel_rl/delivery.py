@@ -84,7 +84,7 @@ class Delivery:
         self.exit_code = 0
         self.stats = {
             "submitted": 0, "delivered": 0, "dropped": 0, "rejected": 0, "retries": 0,
-            "spilled": 0,
+            "spilled": 0, "waits": 0,
         }  # fmt: skip
         self._threads = [threading.Thread(target=self._work, name=f"otel-rl-{name}", daemon=True)]
         if self.spool is not None:
@@ -104,10 +104,21 @@ class Delivery:
             self.stats["submitted"] += 1
             self._idle = False
             if self.spool is not None:
-                if self._on_full == "block":
-                    while len(self._incoming) + len(self._queue) >= self._queue_size:
-                        self._cond.wait()
-                self._incoming.append(record)
+                # Memory stays bounded even when the disk cannot keep up with the loop (only at
+                # thousands of steps per second): then the caller waits for the spool thread.
+                while self._spool_running and (
+                    len(self._incoming) >= self._queue_size
+                    or (
+                        self._on_full == "block"
+                        and len(self._incoming) + len(self._queue) >= self._queue_size
+                    )
+                ):
+                    self.stats["waits"] += 1
+                    self._cond.wait(0.05)
+                if self._spool_running:
+                    self._incoming.append(record)
+                else:  # the spool thread is gone: keep delivering from memory
+                    self._enqueue_locked(None, record)
             else:
                 self._enqueue_locked(None, record)
             self._cond.notify_all()
@@ -167,7 +178,7 @@ class Delivery:
             if records:
                 try:
                     seqs = spool.append(records)
-                except OSError as exc:  # a full disk must not lose the records in memory
+                except Exception as exc:  # a full disk must not lose the records in memory
                     self._warn_once("spool", "%s: cannot write the spool: %s", self.name, exc)
                     seqs = [None] * len(records)
                 dirty = True
@@ -182,7 +193,7 @@ class Delivery:
             if dirty and (now - last_sync >= self._fsync_interval or stopping):
                 try:
                     spool.sync()
-                except OSError as exc:
+                except Exception as exc:
                     self._warn_once("spool-sync", "%s: spool fsync failed: %s", self.name, exc)
                 dirty, last_sync = False, now
             if stopping and not records:

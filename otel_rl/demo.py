@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.config import BACKEND_FLAGS
+from otel_rl.distributed.worker import WorkerMetrics
 
 DEMO_BACKENDS = ("tensorboard", "jsonl", "console")
 
@@ -39,29 +40,60 @@ def demo_config(
     if prometheus_port is not None:
         cfg["prometheus"] = {"enabled": True, "port": prometheus_port}
     if otlp_endpoint is not None:
-        cfg["otlp"] = {"enabled": True, "endpoint": otlp_endpoint}
+        # A shorter push interval than the default 10 s, so a paced demo looks live in Grafana.
+        cfg["otlp"] = {"enabled": True, "endpoint": otlp_endpoint, "interval": 5.0}
     return cfg
 
 
-def simulated_worker(rank: int, step: int, rng: random.Random) -> dict[str, float]:
-    """What one training worker reports for a step: its loss, grad norm and timings."""
-    return {
-        "loss": 2.0 * math.exp(-step / 20) + rng.gauss(0, 0.02) + 0.01 * rank,
-        "grad_norm": 1.0 + rng.random(),
-        "tokens": float(rng.randint(3000, 5000)),
-        "time_s": 0.004 + 0.002 * rank + rng.random() * 0.002,
-    }
+def simulated_worker(worker: WorkerMetrics, step: int, rng: random.Random) -> float:
+    """One training worker's step, recorded with its reductions; returns its token count.
+
+    The driver merges the workers' snapshots: losses averaged, tokens summed, grad norms and
+    the step time (``timing/worker_step``) by max across workers.
+    """
+    with worker.timer("worker_step"):
+        time.sleep(0.002 + 0.0005 * worker.rank)
+    tokens = float(rng.randint(3000, 5000))
+    worker.record("loss", 2.0 * math.exp(-step / 20) + rng.gauss(0, 0.02) + 0.01 * worker.rank)
+    worker.record("grad_norm", 1.0 + rng.random(), reduce="max")
+    worker.record("tokens", tokens, reduce="sum")
+    return tokens
 
 
-def reduce_workers(reports: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Merge worker reports: losses averaged, tokens summed, timings and norms by max."""
-    n = len(reports)
-    return {
-        "loss": sum(r["loss"] for r in reports) / n,
-        "grad_norm": max(r["grad_norm"] for r in reports),
-        "tokens": sum(r["tokens"] for r in reports),
-        "worker_time_s": max(r["time_s"] for r in reports),
-    }
+def simulate_training(
+    logger: Any, steps: int, seed: int = 0, step_seconds: float = 0.0
+) -> None:
+    """The demo's GRPO-like loop on ``logger``: rewards, loss, KL, lengths, timings, throughput."""
+    rng = random.Random(seed)
+    workers = [WorkerMetrics(rank=rank, role="trainer") for rank in range(2)]
+    for step in range(steps):
+        started = time.perf_counter()
+        with logger.timer("generation"):
+            time.sleep(0.004)
+            lengths = [rng.randint(64, 512) + 4 * step for _ in range(16)]
+        with logger.timer("reward"):
+            base = -1.0 + 2.0 * (1 - math.exp(-step / 15))
+            rewards = [base + rng.gauss(0, 0.3) for _ in range(16)]
+        with logger.timer("train"):
+            tokens = sum(simulated_worker(worker, step, rng) for worker in workers)
+        # verl's name for tokens per second; Grafana's throughput panel plots it.
+        logger.log_metrics(
+            {"perf/throughput": tokens / (time.perf_counter() - started)}, step=step
+        )
+        snapshots = [worker.snapshot(step=step) for worker in workers]  # as Ray results would be
+        logger.log_worker_metrics(snapshots, step=step, prefix="train")
+        logger.log_metrics(
+            {
+                "reward": rewards,
+                "kl": 0.002 * step + abs(rng.gauss(0, 0.001)),
+                "response_length": lengths,
+            },
+            step=step,
+            prefix="train",
+            step_finished=True,
+        )
+        if step_seconds > 0:
+            time.sleep(max(0.0, step_seconds - (time.perf_counter() - started)))
 
 
 def run_demo(
@@ -71,42 +103,31 @@ def run_demo(
     prometheus_port: int | None = None,
     otlp_endpoint: str | None = None,
     seed: int = 0,
+    step_seconds: float = 0.0,
+    hold: float = 0.0,
 ) -> dict[str, Any]:
-    """Run the simulated loop; returns where the results are."""
+    """Run the simulated loop; returns where the results are.
+
+    ``step_seconds`` paces the loop (a live dashboard needs steps spread over scrapes);
+    ``hold`` keeps ``/metrics`` served that many seconds after the last step, so a Prometheus
+    that scrapes every 15 s still sees the final values.
+    """
     from otel_rl.logger import Logger
 
-    rng = random.Random(seed)
     cfg = demo_config(log_dir, backends, prometheus_port, otlp_endpoint)
     with Logger(cfg) as logger:
         logger.log_hyperparams(
             {"algorithm": "grpo", "policy": {"lr": 1e-6, "model": "demo-0.5b"}, "steps": steps}
         )
-        for step in range(steps):
-            with logger.timer("generation"):
-                time.sleep(0.004)
-                lengths = [rng.randint(64, 512) + 4 * step for _ in range(16)]
-            with logger.timer("reward"):
-                base = -1.0 + 2.0 * (1 - math.exp(-step / 15))
-                rewards = [base + rng.gauss(0, 0.3) for _ in range(16)]
-            with logger.timer("train"):
-                workers = [simulated_worker(rank, step, rng) for rank in range(2)]
-                time.sleep(0.003)
-            logger.log_metrics(
-                {
-                    "reward": rewards,
-                    "kl": 0.002 * step + abs(rng.gauss(0, 0.001)),
-                    "response_length": lengths,
-                    **reduce_workers(workers),
-                },
-                step=step,
-                prefix="train",
-                step_finished=True,
-            )
+        simulate_training(logger, steps, seed=seed, step_seconds=step_seconds)
+        if hold > 0:
+            time.sleep(hold)
         summary = {
             "log_dir": str(Path(log_dir)),
             "tensorboard": str(Path(log_dir) / "tensorboard"),
             "jsonl": str(Path(log_dir) / "metrics.jsonl"),
             "prometheus": logger._pipeline.prometheus_url,
+            "otlp": logger._pipeline.otlp_endpoint,
             "steps": steps,
         }
     return summary

@@ -30,11 +30,9 @@ def instrument_name(key: str) -> str:
 
 
 def prometheus_name(key: str) -> str:
-    """The metric name Prometheus shows for ``key`` (before any unit or type suffix)."""
-    name = _PROMETHEUS_FOLD.sub("_", key.lower())
-    if name[:1].isdigit():
-        name = "_" + name
-    return name
+    """The metric name Prometheus shows for ``key`` (before any unit or type suffix): the
+    instrument name for ``key``, lower-cased by the SDK, then folded by the Prometheus exporter."""
+    return _PROMETHEUS_FOLD.sub("_", instrument_name(key).lower())
 
 
 class KeyCollisionError(ValueError):

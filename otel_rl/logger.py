@@ -16,7 +16,15 @@ from typing import Any
 from opentelemetry.metrics import Observation
 
 from otel_rl.config import enabled_backends, resolve_config
+from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.errors import MetricError
+from otel_rl.exit import (
+    exit_code_hint,
+    exit_code_of,
+    install_excepthook,
+    install_sigterm_handler,
+    restore_sigterm_handler,
+)
 from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.pipeline import Pipeline, build_resource
 from otel_rl.records import (
@@ -28,10 +36,12 @@ from otel_rl.records import (
     histogram_of,
     rows_from_metrics,
 )
-from otel_rl.redaction import flatten_params, redact
+from otel_rl.redaction import flatten_params, redact, redact_nested
 from otel_rl.registry import exporter_class
 from otel_rl.routing import global_router
-from otel_rl.timing import TIMING_BUCKETS, Timer
+from otel_rl.spool import spool_root
+from otel_rl.timing import Timer, TimerFactory
+from otel_rl.tracing import build_tracer_provider
 from otel_rl.values import flatten_into
 
 _log = logging.getLogger("otel_rl")
@@ -60,36 +70,39 @@ class Logger:
         self.log_dir = Path(cfg["log_dir"])
         self.run_id = str(cfg["run_id"] or uuid.uuid4().hex[:12])
         self._strict = bool(cfg["strict"])
-        if cfg["monitor_gpus"]:
-            from otel_rl.errors import ConfigError
-
-            raise ConfigError(
-                "monitor_gpus is not available yet in this version of otel-rl; "
-                "set monitor_gpus: false"
-            )
         export = cfg["export"]
         self._shutdown_timeout = float(export["shutdown_timeout"])
         options = {
             "queue_size": int(export["queue_size"]),
             "on_full": str(export["on_full"]),
             "retry_max_backoff": float(export["retry_max_backoff"]),
+            "fsync_interval": float(export["fsync_interval"]),
         }
         classes = [exporter_class(name) for name in enabled_backends(cfg)]
-        self.exporters = [cls.from_config(cfg, **options) for cls in classes]
+        self.exporters = [
+            cls.from_config(cfg, **options, **self._spool_options(cls.name)) for cls in classes
+        ]
         self.exporters.extend(exporters)
 
         self._pipeline = Pipeline(cfg, build_resource(cfg, self.run_id))
         self.meter_provider = self._pipeline.provider
         self._meter = self._pipeline.provider.get_meter(OWN_SCOPE)
         self._side_meter = self._pipeline.side_provider.get_meter(OWN_SCOPE)
+        otlp = cfg["otlp"] if cfg["otlp"]["enabled"] else None
+        #: Spans of timers (``tracing.enabled``); ``None`` when tracing is off.
+        self.tracer_provider = build_tracer_provider(
+            cfg["tracing"]["enabled"], otlp, self._pipeline.resource
+        )
+        self._tracer = self.tracer_provider.get_tracer(OWN_SCOPE) if self.tracer_provider else None
+        self._reductions = ReductionRules(cfg["reductions"])
         self._router = global_router() if cfg["capture_global_meters"] else None
         if self._router is not None:
             self._router.route_to(self._pipeline.provider)
 
         self._keys = KeyRegistry()
+        self._timers = TimerFactory(self._meter, self._keys, self._tracer)
         self._known: set[str] = set()
         self._latest: dict[str, float] = {}
-        self._timer_records: dict[str, Callable[[float], None]] = {}
         self._lock = threading.RLock()
         self._pending: dict[str, Any] = {}
         self._pending_otel: list[Any] = []
@@ -100,8 +113,22 @@ class Logger:
         self._finished = False
         self.stats = {"nonfinite": 0, "backwards_steps": 0, "steps": 0}
         self._install_self_telemetry()
+        #: The Ray GPU/node monitor (``monitor_gpus: true``), else ``None``; see
+        #: docs/gpu-monitoring.md. It scrapes on its own thread.
+        self.gpu_monitor: Any = None
+        if cfg["monitor_gpus"]:
+            from otel_rl.ray.bridge import GpuMonitor
+
+            self.gpu_monitor = GpuMonitor.from_config(
+                cfg, meter_provider=self._pipeline.side_provider, exporters=self.exporters
+            )
+            self.gpu_monitor.start()
         self._atexit = _weak_atexit(self)
         atexit.register(self._atexit)
+        self._previous_sigterm = None
+        if export["handle_signals"]:
+            install_excepthook()
+            self._previous_sigterm = install_sigterm_handler()
 
     # ---- logging ------------------------------------------------------------------------------
 
@@ -120,9 +147,10 @@ class Logger:
         """
         try:
             self._log_metrics(metrics, step, prefix, step_metric, step_finished)
-        except MetricError:
+        except MetricError as exc:
             if self._strict:
                 raise
+            self._report(str(exc.key), exc.reason)
         except Exception as exc:  # lenient mode: training must survive anything logged
             if self._strict:
                 raise MetricError("<log_metrics>", f"{type(exc).__name__}: {exc}") from exc
@@ -213,22 +241,39 @@ class Logger:
         Rows show the step's total seconds under ``timing/<name>``; Prometheus and OTLP get the
         histogram.
         """
-        record = self._timer_records.get(name)
-        if record is None:
-            key = f"timing/{name}"
-            try:
-                instrument = self._keys.claim(key, "timer")
-            except KeyCollisionError as exc:
-                raise MetricError(key, str(exc)) from exc
-            histogram = self._meter.create_histogram(
-                instrument,
-                unit="s",
-                description=f"duration of {name}",
-                explicit_bucket_boundaries_advisory=TIMING_BUCKETS,
-            )
-            record = histogram.record
-            self._timer_records[name] = record
-        return Timer(record)
+        try:
+            return self._timers.timer(name)
+        except KeyCollisionError as exc:
+            raise MetricError(f"timing/{name}", str(exc)) from exc
+
+    def log_worker_metrics(
+        self,
+        snapshots: Sequence[Mapping[str, Any] | None],
+        step: int | None = None,
+        prefix: str = "",
+        step_finished: bool = False,
+    ) -> None:
+        """Merge ``WorkerMetrics.snapshot()`` results from many workers and log them at ``step``.
+
+        Each key is reduced as its worker declared, else by the ``reductions`` config, else
+        ``mean``; timings take the ``max`` across workers by default (docs/distributed.md).
+        A conflicting declaration is reported (raised with ``strict: true``) and that key left out.
+        """
+        from otel_rl.distributed.merge import merge_snapshots
+
+        try:
+            report = None if self._strict else self._report
+            rows = merge_snapshots(snapshots, self._reductions, prefix, report=report)
+        except MetricError:
+            if self._strict:
+                raise
+            return
+        except Exception as exc:  # lenient mode: a malformed snapshot must not stop training
+            if self._strict:
+                raise MetricError("<log_worker_metrics>", f"{type(exc).__name__}: {exc}") from exc
+            self._report("<log_worker_metrics>", f"failed: {type(exc).__name__}: {exc}")
+            return
+        self.log_metrics(rows, step=step, step_finished=step_finished)
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -240,6 +285,8 @@ class Logger:
         """
         with self._lock:
             self._seal(final=True)
+        if self.gpu_monitor is not None:
+            self.gpu_monitor.flush()
         deadline = time.monotonic() + (self._shutdown_timeout if timeout is None else timeout)
         ok = True
         for exporter in self.exporters:
@@ -256,6 +303,9 @@ class Logger:
             self._seal(final=True)
             self._finished = True
         atexit.unregister(self._atexit)
+        restore_sigterm_handler(self._previous_sigterm)
+        if self.gpu_monitor is not None:  # its last rows must reach the trackers before they close
+            self.gpu_monitor.stop()
         if self._router is not None:
             self._router.unroute(self._pipeline.provider)
         timeout_ms = self._shutdown_timeout * 1000
@@ -271,14 +321,28 @@ class Logger:
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         self._pipeline.shutdown(timeout_millis=min(timeout_ms, 10_000))
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
 
     def __enter__(self) -> Logger:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.finish(exit_code=0 if exc_type is None else 1)
+        self.finish(exit_code=exit_code_of(exc_type, exc))
 
     # ---- internals ----------------------------------------------------------------------------
+
+    def _spool_options(self, tracker: str) -> dict[str, Any]:
+        if not self.config["export"]["spool"]:
+            return {}
+        return {
+            "spool_dir": spool_root(self.log_dir) / tracker / self.run_id,
+            "spool_meta": {
+                "run_id": self.run_id,
+                "log_dir": str(self.log_dir),
+                "config": redact_nested(self.config),
+            },
+        }
 
     def _resolve_step(self, step: Any) -> int:
         if step is None:
@@ -290,7 +354,8 @@ class Logger:
                 step = int(step)
             except (TypeError, ValueError) as exc:
                 raise MetricError(step, "step must be an integer or None") from exc
-        last = self._last_step
+        seen = [s for s in (self._last_step, self._pending_step) if s is not None]
+        last = max(seen) if seen else None
         if last is not None and step < last and step != self._pending_step:
             self.stats["backwards_steps"] += 1
             self._report(
@@ -375,7 +440,17 @@ class Logger:
         def nonfinite(options: Any) -> list[Observation]:
             return [Observation(self.stats["nonfinite"])]
 
+        # Progress for dashboards: rate(otel_rl_steps_total) is the training throughput in steps.
+        def steps(options: Any) -> list[Observation]:
+            return [Observation(self.stats["steps"])]
+
+        def last_step(options: Any) -> list[Observation]:
+            last = self._last_step
+            return [] if last is None else [Observation(last)]
+
         meter = self._side_meter
+        meter.create_observable_counter("otel_rl.steps", [steps], unit="{step}")
+        meter.create_observable_gauge("otel_rl.step", [last_step], unit="{step}")
         meter.create_observable_gauge("otel_rl.exporter.queue", [queue_depth], unit="{record}")
         meter.create_observable_counter("otel_rl.exporter.delivered", [delivered])
         meter.create_observable_counter("otel_rl.exporter.dropped", [dropped])
@@ -407,6 +482,6 @@ def _weak_atexit(logger: Logger) -> Callable[[], None]:
     def at_exit() -> None:
         target = ref()
         if target is not None:
-            target.finish(exit_code=0)
+            target.finish(exit_code=exit_code_hint())
 
     return at_exit

@@ -16,7 +16,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -30,19 +32,33 @@ _log = logging.getLogger("otel_rl")
 
 
 def build_resource(cfg: Mapping[str, Any], run_id: str) -> Resource:
-    """Resource attributes that identify the run; ``OTEL_RESOURCE_ATTRIBUTES`` is merged in,
-    and ``OTEL_SERVICE_NAME`` is used unless ``service_name`` is set in the config."""
+    """Resource attributes that identify the run.
+
+    ``otel_rl.*`` always come from the config (they must name this run exactly).
+    ``service.name``: config ``service_name``, else ``OTEL_SERVICE_NAME``, else ``service.name``
+    in ``OTEL_RESOURCE_ATTRIBUTES``, else ``otel-rl``. Every other key of
+    ``OTEL_RESOURCE_ATTRIBUTES`` (``host.name`` included, to name a node as the cluster does)
+    wins over what is detected here.
+    """
+    from opentelemetry.sdk.resources import OTELResourceDetector
+
+    env = OTELResourceDetector().detect().attributes
     attributes: dict[str, Any] = {
         "otel_rl.run_id": run_id,
         "otel_rl.role": str(cfg["role"]),
         "otel_rl.rank": int(cfg["rank"]),
-        "host.name": socket.gethostname(),
         "process.pid": os.getpid(),
     }
+    if "host.name" not in env:
+        attributes["host.name"] = socket.gethostname()
     if cfg.get("experiment"):
         attributes["otel_rl.experiment"] = str(cfg["experiment"])
-    service = cfg.get("service_name") or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
-    attributes["service.name"] = service
+    attributes["service.name"] = (
+        cfg.get("service_name")
+        or os.environ.get("OTEL_SERVICE_NAME", "").strip()
+        or env.get("service.name")
+        or "otel-rl"
+    )
     return Resource.create(attributes)
 
 
@@ -56,13 +72,16 @@ class Pipeline:
         side_readers: list[MetricReader] = []
         self._closers: list[Any] = []
         self.prometheus_url: str | None = None
+        self.otlp_endpoint: str | None = None
         if cfg["prometheus"]["enabled"]:
             self._add_prometheus(cfg["prometheus"], main_readers, side_readers)
         if cfg["otlp"]["enabled"]:
-            from otel_rl.otlp import otlp_readers
+            from otel_rl.otlp import otlp_readers, resolve_otlp
 
+            self.otlp_endpoint = resolve_otlp(cfg["otlp"]).endpoint
             main_readers.extend(otlp_readers(cfg["otlp"]))
             side_readers.extend(otlp_readers(cfg["otlp"]))
+            _log.info("otel-rl: pushing OTLP metrics to %s", self.otlp_endpoint)
         common = {
             "resource": resource,
             "exemplar_filter": AlwaysOffExemplarFilter(),
@@ -94,18 +113,32 @@ class Pipeline:
         _log.info("otel-rl: Prometheus metrics at %s", self.prometheus_url)
 
     def shutdown(self, timeout_millis: float) -> None:
-        """Shut both providers down (final OTLP export within its timeout), then the server."""
-        for provider in (self.provider, self.side_provider):
-            try:
-                provider.shutdown(timeout_millis=timeout_millis)
-            except Exception as exc:  # shutdown must finish whatever one reader does
-                _log.warning("otel-rl: meter provider shutdown: %s", exc)
+        """Shut both providers down (final OTLP export within its timeout), then the server.
+
+        The providers shut down in parallel: each makes a final OTLP export, and against a
+        collector that is down each takes the whole OTLP timeout; one after the other would
+        double what ``finish()`` costs.
+        """
+        threads = [
+            threading.Thread(
+                target=_shutdown_provider, args=(provider, timeout_millis), daemon=True
+            )
+            for provider in (self.provider, self.side_provider)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout_millis / 1000 + 0.5
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
         for close in self._closers:
             try:
                 close()
             except Exception as exc:
                 _log.warning("otel-rl: closing an output: %s", exc)
 
-    @staticmethod
-    def readers_of(provider: MeterProvider) -> Sequence[MetricReader]:
-        return provider._sdk_config.metric_readers
+
+def _shutdown_provider(provider: MeterProvider, timeout_millis: float) -> None:
+    try:
+        provider.shutdown(timeout_millis=timeout_millis)
+    except Exception as exc:  # shutdown must finish whatever one reader does
+        _log.warning("otel-rl: meter provider shutdown: %s", exc)

@@ -58,3 +58,23 @@ def flatten_params(params: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
     for k, v in params.items():
         walk(str(k), v)
     return out
+
+
+def redact_nested(value: Any, secrets: set[str] | None = None) -> Any:
+    """Copy of a nested config with secret-looking keys and known secret values redacted."""
+    secrets = secret_values() if secrets is None else secrets
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if _SECRET_KEY.search(str(key)) and isinstance(item, (str, bytes)) and item:
+                out[key] = REDACTED
+            else:
+                out[key] = redact_nested(item, secrets)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [redact_nested(v, secrets) for v in value]
+    if isinstance(value, str) and any(s in value for s in secrets):
+        for s in secrets:
+            value = value.replace(s, REDACTED)
+        return value
+    return value

@@ -19,11 +19,11 @@ _BUILTIN = {
     "console": "otel_rl.exporters.console:ConsoleExporter",
     "jsonl": "otel_rl.exporters.jsonl:JsonlExporter",
     "tensorboard": "otel_rl.exporters.tensorboard:TensorBoardExporter",
+    "mlflow": "otel_rl.exporters.mlflow:MlflowExporter",
+    "wandb": "otel_rl.exporters.wandb:WandbExporter",
+    "swanlab": "otel_rl.exporters.swanlab:SwanLabExporter",
+    "trackio": "otel_rl.exporters.trackio:TrackioExporter",
 }
-
-#: Trackers that are planned but not shipped in this release.
-_NOT_YET = {"wandb", "mlflow", "swanlab", "trackio"}
-
 
 def available_exporters() -> dict[str, str]:
     """``{name: "module:Class"}`` for every installed tracker exporter."""
@@ -37,11 +37,6 @@ def exporter_class(name: str) -> type:
     """Import and return the exporter class registered as ``name``."""
     target = available_exporters().get(name)
     if target is None:
-        if name in _NOT_YET:
-            raise ConfigError(
-                f"the '{name}' backend is not available yet in this version of otel-rl; "
-                f"set {name}_enabled: false (available: {', '.join(sorted(_BUILTIN))})"
-            )
         raise ConfigError(
             f"no tracker exporter named '{name}' (available: "
             f"{', '.join(sorted(available_exporters()))})"

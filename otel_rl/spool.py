@@ -67,7 +67,7 @@ def encode_record(seq: int, record: Any) -> str:
     else:  # a record type this spool does not know: delivered live, not replayable
         body = {"kind": "opaque", "type": type(record).__name__}
     body["seq"] = seq
-    return json.dumps(body, separators=(",", ":")) + "\n"
+    return json.dumps(body, separators=(",", ":"), default=str) + "\n"
 
 
 def decode_record(line: str) -> tuple[int, Any]:

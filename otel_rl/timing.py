@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -20,29 +20,94 @@ class Timer:
     """Context manager and decorator; each exit records the elapsed seconds.
 
     ``record`` is the histogram's ``record``. Nested and concurrent uses of one Timer object
-    each measure their own interval.
+    each measure their own interval. With a ``tracer`` each use is also an OTel span named
+    ``span_name``, a child of whatever span is current (so nested timers nest); without one the
+    only extra cost is a ``None`` check.
     """
 
-    __slots__ = ("_record", "_starts")
+    __slots__ = ("_attributes", "_record", "_span_name", "_spans", "_starts", "_tracer")
 
-    def __init__(self, record: Callable[[float], None]) -> None:
+    def __init__(
+        self,
+        record: Callable[[float], None],
+        tracer: Any = None,
+        span_name: str = "",
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
         self._record = record
         self._starts: list[float] = []
+        self._tracer = tracer
+        self._span_name = span_name
+        self._attributes = attributes
+        self._spans: list[Any] | None = [] if tracer is not None else None
 
     def __enter__(self) -> Timer:
+        if self._spans is not None:
+            span = self._tracer.start_as_current_span(self._span_name, attributes=self._attributes)
+            span.__enter__()
+            self._spans.append(span)
         self._starts.append(time.perf_counter())
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._record(time.perf_counter() - self._starts.pop())
+        if self._spans is not None:
+            self._spans.pop().__exit__(*exc)
 
     def __call__(self, fn: F) -> F:
+        record = self._record
+
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._record(time.perf_counter() - start)
+                record(time.perf_counter() - start)
 
-        return timed  # type: ignore[return-value]
+        if self._tracer is None:
+            return timed  # type: ignore[return-value]
+        tracer, name, attributes = self._tracer, self._span_name, self._attributes
+
+        @functools.wraps(fn)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            with tracer.start_as_current_span(name, attributes=attributes):
+                return timed(*args, **kwargs)
+
+        return traced  # type: ignore[return-value]
+
+
+class TimerFactory:
+    """Hands out :class:`Timer` objects for ``timing/<name>``, one histogram per name.
+
+    The histogram is created on ``meter`` the first time a name is used; its key is claimed in
+    ``keys`` so a timer cannot collide with a logged metric (``KeyCollisionError``).
+    """
+
+    def __init__(
+        self,
+        meter: Any,
+        keys: Any,
+        tracer: Any = None,
+        span_attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._meter = meter
+        self._keys = keys
+        self._tracer = tracer
+        self._span_attributes = span_attributes
+        self._records: dict[str, Callable[[float], None]] = {}
+
+    def timer(self, name: str) -> Timer:
+        record = self._records.get(name)
+        if record is None:
+            instrument = self._keys.claim(f"timing/{name}", "timer")
+            histogram = self._meter.create_histogram(
+                instrument,
+                unit="s",
+                description=f"duration of {name}",
+                explicit_bucket_boundaries_advisory=TIMING_BUCKETS,
+            )
+            record = self._records[name] = histogram.record
+        if self._tracer is None:
+            return Timer(record)
+        return Timer(record, self._tracer, name, self._span_attributes)

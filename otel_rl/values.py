@@ -53,7 +53,12 @@ def flatten_into(
         elif kind is int:
             out[key] = float(value)
         else:
-            nonfinite += _convert_slow(out, key, value, report)
+            try:
+                nonfinite += _convert_slow(out, key, value, report)
+            except (ArithmeticError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+                # One odd value (an int too large for a float, a tensor on a dead device) must
+                # not cost the other keys of the call.
+                report(key, f"value skipped: {type(exc).__name__}: {exc}")
     return nonfinite
 
 
@@ -136,8 +141,11 @@ def summarize(numbers: list[float]) -> dict[str, float]:
     """count, mean, population std, min, max and the p50/p90 (linear interpolation)."""
     n = len(numbers)
     ordered = sorted(numbers)
-    mean = math.fsum(ordered) / n
-    var = math.fsum((x - mean) ** 2 for x in ordered) / n
+    try:
+        mean = math.fsum(ordered) / n
+    except (OverflowError, ValueError):  # partial sums beyond the float range
+        mean = math.fsum(x / n for x in ordered)
+    var = math.fsum((x - mean) * (x - mean) for x in ordered) / n
     return {
         "count": float(n),
         "mean": mean,

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
+
+# Local Ray clusters in tests stay on loopback: by default Ray advertises the machine's interface
+# address for a single-node cluster; with this (read when ray is imported) it uses 127.0.0.1.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @pytest.fixture

@@ -55,3 +55,25 @@ def test_custom_path(tmp_path):
     with Logger({"log_dir": str(tmp_path / "logs"), "jsonl": {"path": str(target)}}) as logger:
         logger.log_metrics({"x": 1}, step=7)
     assert [(r["step"], r["metrics"]) for r in jsonl_rows(target)] == [(7, {"x": 1.0})]
+
+
+def test_plots_and_tables_beside_the_rows(log_dir):
+    import json
+
+    matplotlib = __import__("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with Logger({"log_dir": str(log_dir)}) as logger:
+        for step in (1, 2):
+            fig, ax = plt.subplots()
+            ax.plot([0, step])
+            logger.log_plot(fig, step=step, name="train/curve")
+            plt.close(fig)
+        logger.log_table("val/samples", ["input", "output", "score"], [["2+2", "4", 1.0]], step=2)
+    for step in (1, 2):
+        png = (log_dir / "plots" / "train/curve" / f"step_{step}.png").read_bytes()
+        assert png.startswith(b"\x89PNG")
+    (table,) = [json.loads(line) for line in (log_dir / "tables.jsonl").read_text().splitlines()]
+    assert table == {"step": 2, "table": "val/samples", "columns": ["input", "output", "score"],
+                     "rows": [["2+2", "4", 1.0]]}

@@ -6,7 +6,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "RayNodeScraper": "otel_rl.ray.scraper",
+    "GpuMonitor": "otel_rl.ray.bridge",
+    "parse_node_metrics": "otel_rl.ray.gpu_metrics",
+    "MetricsAggregator": "otel_rl.ray.aggregator",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,378 @@
+"""MLflow exporter: metrics, params, plots and tables of one MLflow run, via ``MlflowClient``.
+
+MLflow's fluent API (``mlflow.log_metric``) keeps the active run per thread, so everything here
+goes through an ``MlflowClient`` and an explicit run id, on the exporter's own thread. When a
+backlog of steps builds up, they leave in one ``log_batch`` request (at most 1000 metrics and
+100 params per request, MLflow's limits). Names are mapped to MLflow's rules by
+:mod:`otel_rl.exporters.mlflow_names`.
+
+Where things go (see docs/backends/mlflow.md):
+
+- tracking URI: ``mlflow.tracking_uri``, else ``MLFLOW_TRACKING_URI``, else a local SQLite store
+  ``sqlite:///<log_dir>/mlflow/mlflow.db`` with artifacts under ``<log_dir>/mlflow/artifacts``;
+- run: ``mlflow.run_id`` or ``MLFLOW_RUN_ID`` resumes that run, else a new run in
+  ``mlflow.experiment_name`` / ``MLFLOW_EXPERIMENT_NAME`` / ``MLFLOW_EXPERIMENT_ID`` / the
+  config's ``experiment`` / ``Default``;
+- scalars → metrics at their step (NaN stays NaN; MLflow stores ±inf as ±1.797e308);
+  histograms → ``<key>/count, /sum, /mean, /min, /max``; text → ``text/<key>/step_<N>.txt``;
+  plots → ``plots/<name>/step_<N>.png``; tables → ``tables/<name>/step_<N>.json``;
+- ``close(exit_code)``: FINISHED (0), KILLED (130, 143, 137 or a negative signal number),
+  FAILED (anything else).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.exporters.mlflow_names import NameMap, sanitize
+
+from otel_rl.errors import ConfigError
+from otel_rl.records import HistogramValue, RowValue, StepBatch
+
+#: MLflow's per-request limits (mlflow.utils.validation).
+MAX_METRICS_PER_REQUEST = 1000
+MAX_PARAMS_PER_REQUEST = 100
+MAX_PARAM_VALUE_LENGTH = 6000
+
+#: Keys accepted in the ``mlflow:`` config section.
+CONFIG_KEYS = frozenset(
+    {"experiment_name", "run_name", "tracking_uri", "run_id", "artifact_location", "tags"}
+)
+
+#: Exit codes that mean the run was stopped from outside: SIGINT (130), SIGTERM (143),
+#: SIGKILL (137), and subprocess's negative signal numbers.
+_KILLED_CODES = frozenset({130, 137, 143, -2, -9, -15})
+
+#: MLflow error codes that mean "this request can never succeed" (as opposed to a server
+#: that is down or busy).
+_PERMANENT_ERRORS = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"})
+
+_HISTOGRAM_STATS = ("count", "sum", "mean", "min", "max")
+
+
+def run_status(exit_code: int) -> str:
+    """The MLflow run status for a process exit code."""
+    if exit_code == 0:
+        return "FINISHED"
+    if exit_code in _KILLED_CODES:
+        return "KILLED"
+    return "FAILED"
+
+
+def is_file_store(uri: str) -> bool:
+    """Whether ``uri`` is MLflow's file store (a path or ``file:``), where names are paths."""
+    if uri in ("databricks", "databricks-uc", "uc"):
+        return False
+    scheme = uri.split(":", 1)[0] if ":" in uri else ""
+    return scheme in ("", "file") or (len(scheme) == 1 and scheme.isalpha())  # C:\ on Windows
+
+
+class MlflowExporter(TrackerExporter):
+    name: ClassVar[str] = "mlflow"
+    backwards_policy: ClassVar[str] = "MLflow keeps both points at that step"
+    #: Steps per worker pass: a backlog of up to 64 steps leaves in as few requests as the
+    #: 1000-metrics limit allows (one for 64 steps of 15 keys, seven for 64 steps of 100 keys).
+    max_batch: ClassVar[int] = 64
+    requires: ClassVar[tuple[str, ...]] = ("mlflow",)
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str | None = None,
+        experiment_name: str | None = None,
+        run_name: str | None = None,
+        run_id: str | None = None,
+        artifact_location: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        log_dir: str | os.PathLike = "logs",
+        fallback_experiment: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        env = os.environ
+        mlflow_dir = Path(log_dir).absolute() / "mlflow"
+        #: Whether the tracking URI is otel-rl's default local store (nothing configured).
+        self.local_default = not (tracking_uri or env.get("MLFLOW_TRACKING_URI"))
+        self.tracking_uri = (
+            tracking_uri
+            or env.get("MLFLOW_TRACKING_URI")
+            or f"sqlite:///{(mlflow_dir / 'mlflow.db').as_posix()}"
+        )
+        if artifact_location is None and self.local_default:
+            artifact_location = (mlflow_dir / "artifacts").as_uri()
+        self.artifact_location = artifact_location
+        self.experiment_name = experiment_name or env.get("MLFLOW_EXPERIMENT_NAME") or None
+        self._experiment_id = None if self.experiment_name else env.get("MLFLOW_EXPERIMENT_ID")
+        if not (self.experiment_name or self._experiment_id):
+            self.experiment_name = fallback_experiment or None  # else MLflow's "Default"
+        self.run_name = run_name
+        #: The MLflow run id: the one to resume, or the new run's once it is created.
+        self.run_id: str | None = run_id or env.get("MLFLOW_RUN_ID") or None
+        self._tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        file_store = is_file_store(self.tracking_uri)
+        #: Row key → metric name, for the keys MLflow's rules made us rename.
+        self.metric_names = NameMap("metric", file_store=file_store)
+        self.param_names = NameMap("param", file_store=file_store)
+        self._client: Any = None
+        # Metrics of a step already accepted by MLflow, so that a retry after a partial
+        # failure does not send them again (stores keep duplicates of re-sent points).
+        self._sent: weakref.WeakKeyDictionary[StepBatch, int] = weakref.WeakKeyDictionary()
+        self._artifact_names: dict[str, set[str]] = {}
+        super().__init__(**kwargs)
+        self.stats["backwards_steps"] = 0
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> MlflowExporter:
+        section = dict(cfg.get("mlflow") or {})
+        unknown = sorted(set(section) - CONFIG_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"unknown logger config key(s) 'mlflow.{', mlflow.'.join(unknown)}'; "
+                f"valid keys: {', '.join(sorted(CONFIG_KEYS))}"
+            )
+        tags = dict(section.get("tags") or {})
+        if cfg.get("run_id"):
+            tags.setdefault("otel_rl.run_id", str(cfg["run_id"]))
+        return cls(
+            tracking_uri=section.get("tracking_uri"),
+            experiment_name=section.get("experiment_name"),
+            run_name=section.get("run_name"),
+            run_id=section.get("run_id"),
+            artifact_location=section.get("artifact_location"),
+            tags=tags,
+            log_dir=cfg.get("log_dir") or "logs",
+            fallback_experiment=cfg.get("experiment"),
+            **kwargs,
+        )
+
+    # ---- worker thread -----------------------------------------------------------------------
+
+    def open(self) -> None:
+        from mlflow import MlflowClient
+
+        if self.local_default:
+            self._create_local_store()
+        client = MlflowClient(tracking_uri=self.tracking_uri)
+        if self.run_id:
+            run = client.get_run(self.run_id)  # a wrong id fails here, loudly, and is retried
+            if run.info.status != "RUNNING":
+                client.update_run(self.run_id, status="RUNNING")
+        else:
+            run = client.create_run(
+                self._resolve_experiment(client), run_name=self.run_name, tags=self._run_tags()
+            )
+            self.run_id = run.info.run_id
+        self._client = client
+        # A replay of spooled records (otel-rl replay) continues this run, not a new one.
+        self.resume_config = {"mlflow": {"run_id": self.run_id}}
+
+    def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
+        self.write_batches([batch])
+
+    def write_batches(self, batches: Sequence[StepBatch]) -> None:
+        pending: list[tuple[StepBatch, Any]] = []
+        for batch in batches:
+            already = self._sent.get(batch, 0)
+            pending.extend((batch, m) for m in self._metrics(batch)[already:])
+        for start in range(0, len(pending), MAX_METRICS_PER_REQUEST):
+            chunk = pending[start : start + MAX_METRICS_PER_REQUEST]
+            self._log_metrics([metric for _, metric in chunk])
+            for batch, _ in chunk:
+                self._sent[batch] = self._sent.get(batch, 0) + 1
+        for batch in batches:
+            for key, value in batch.rows.items():
+                if isinstance(value, str):
+                    path = f"text/{_artifact_dir(key)}/step_{batch.step}.txt"
+                    self._client.log_text(self.run_id, value, path)
+
+    def write_hyperparams(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = []
+        for key, value in params.items():
+            name = self.param_names(str(key))
+            text = _param_text(value)
+            length = len(text)
+            if length > MAX_PARAM_VALUE_LENGTH:
+                full = f"params/{_artifact_dir(name)}.txt"
+                self._client.log_text(self.run_id, text, full)
+                note = f" ...[truncated: {length} chars, full value in artifact {full}]"
+                text = text[: MAX_PARAM_VALUE_LENGTH - len(note)] + note
+                self._warn_once(
+                    f"long-param:{key}",
+                    "%s: param %r is %d chars, over MLflow's %d; truncated with a note, the full "
+                    "value is the artifact %s",
+                    self.name,
+                    key,
+                    length,
+                    MAX_PARAM_VALUE_LENGTH,
+                    full,
+                )
+            items.append(Param(name, text))
+        for start in range(0, len(items), MAX_PARAMS_PER_REQUEST):
+            self._send(items[start : start + MAX_PARAMS_PER_REQUEST], "params")
+
+    def write_plot(self, name: str, step: int, png: bytes) -> None:
+        folder = f"plots/{_artifact_dir(name)}"
+        self._log_file(folder, self._unused_name(folder, f"step_{step}", ".png"), png)
+
+    def write_table(
+        self,
+        name: str,
+        step: int,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+    ) -> None:
+        # MLflow's own table layout (pandas' "split" orientation): read back with
+        # pandas.read_json(path, orient="split") or json.load.
+        data = {"columns": list(columns), "data": [[_cell(c) for c in row] for row in rows]}
+        folder = f"tables/{_artifact_dir(name)}"
+        filename = self._unused_name(folder, f"step_{step}", ".json")
+        self._log_file(folder, filename, json.dumps(data).encode("utf-8"))
+
+    def close(self, exit_code: int) -> None:
+        if self._client is not None and self.run_id:
+            self._client.set_terminated(self.run_id, status=run_status(exit_code))
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _create_local_store(self) -> None:
+        """Create the default SQLite store with its artifact root under ``log_dir``.
+
+        A new store creates its ``Default`` experiment with the store's artifact root, which
+        for a client-side store is ``./mlruns`` in the current directory; creating the store here
+        first keeps every artifact under ``log_dir``.
+        """
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        db_path = Path(self.tracking_uri.removeprefix("sqlite:///"))
+        if db_path.exists():
+            return
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        SqlAlchemyStore(self.tracking_uri, self.artifact_location)
+
+    def _resolve_experiment(self, client: Any) -> str:
+        if self._experiment_id:
+            return str(self._experiment_id)
+        name = self.experiment_name or "Default"
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return client.create_experiment(name, artifact_location=self.artifact_location)
+        except Exception:
+            # Another process may have created it in between.
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
+
+    def _run_tags(self) -> dict[str, str]:
+        tags: dict[str, str] = {}
+        try:  # user, source file and git commit, as mlflow.start_run() records them
+            from mlflow.tracking.context.registry import resolve_tags
+
+            tags.update(resolve_tags())
+        except Exception:
+            pass
+        tags.update(self._tags)
+        return tags
+
+    def _metrics(self, batch: StepBatch) -> list[Any]:
+        from mlflow.entities import Metric
+
+        rows = batch.rows
+        timestamp = int(batch.time * 1000)
+        step = int(batch.step)
+        metrics = []
+        for key, value in rows.items():
+            if type(value) is float:
+                metrics.append(Metric(self.metric_names(key), value, timestamp, step))
+            elif isinstance(value, HistogramValue):
+                for stat in _HISTOGRAM_STATS:
+                    sub = f"{key}/{stat}"
+                    if sub not in rows:
+                        number = float(getattr(value, stat))
+                        metrics.append(Metric(self.metric_names(sub), number, timestamp, step))
+        return metrics
+
+    def _log_metrics(self, metrics: list[Any]) -> None:
+        if metrics:
+            self._send(metrics, "metrics")
+
+    def _send(self, items: list[Any], kind: str) -> None:
+        """One ``log_batch``; an item MLflow refuses for good is isolated and dropped alone."""
+        try:
+            self._client.log_batch(self.run_id, **{kind: items}, synchronous=True)
+        except Exception as exc:
+            if not _is_permanent(exc):
+                raise  # down or busy: the base class retries with backoff
+            if len(items) == 1:
+                self.stats["rejected"] += 1
+                key = items[0].key
+                self._warn_once(
+                    f"refused:{kind}:{key}",
+                    "%s: MLflow refused %s %r, skipped: %s",
+                    self.name,
+                    kind[:-1],
+                    key,
+                    _first_line(exc),
+                )
+                return
+            half = len(items) // 2
+            self._send(items[:half], kind)
+            self._send(items[half:], kind)
+
+    def _unused_name(self, folder: str, stem: str, suffix: str) -> str:
+        """``stem+suffix``, or ``stem_<k>+suffix`` if that file already exists in the run."""
+        taken = self._artifact_names.get(folder)
+        if taken is None:
+            # Once per folder: a resumed run may already hold files from before.
+            taken = {Path(f.path).name for f in self._client.list_artifacts(self.run_id, folder)}
+            self._artifact_names[folder] = taken
+        filename = stem + suffix
+        k = 1
+        while filename in taken:
+            filename = f"{stem}_{k}{suffix}"
+            k += 1
+        return filename
+
+    def _log_file(self, folder: str, filename: str, data: bytes) -> None:
+        with tempfile.TemporaryDirectory(prefix="otel-rl-mlflow-") as tmp:
+            path = Path(tmp) / filename
+            path.write_bytes(data)
+            self._client.log_artifact(self.run_id, str(path), artifact_path=folder)
+        self._artifact_names.setdefault(folder, set()).add(filename)
+
+
+def _is_permanent(exc: Exception) -> bool:
+    if isinstance(exc, RowRejected):
+        return True
+    return getattr(exc, "error_code", None) in _PERMANENT_ERRORS
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _artifact_dir(name: str) -> str:
+    """A safe relative artifact folder for a metric/plot/table name (``/`` keeps nesting)."""
+    return sanitize(name)
+
+
+def _param_text(value: Any) -> str:
+    # str() as mlflow.log_params does, so values read the same as in MLflow's own runs.
+    return value if isinstance(value, str) else str(value)
+
+
+def _cell(value: Any) -> Any:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    return str(value)

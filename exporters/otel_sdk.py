@@ -1,0 +1,48 @@
+"""Tracker exporters as OTel's SDK builds them: ``OTEL_METRICS_EXPORTER=tensorboard,mlflow``.
+
+The SDK looks each name up in the ``opentelemetry_metrics_exporter`` entry-point group, calls
+the class with no arguments and wraps the instance in a ``PeriodicExportingMetricReader``
+(``OTEL_METRIC_EXPORT_INTERVAL``). The entry points name attributes of this module
+(``otel_rl.exporters.otel_sdk:mlflow``); each resolves, on first use, to a subclass of that
+tracker's exporter whose zero-argument construction reads its configuration from the environment
+(:mod:`otel_rl.env_config`) and returns an exporter built by the tracker's own ``from_config``,
+exactly as a ``Logger`` would build it. Any tracker in otel-rl's registry works this way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_CLASSES: dict[str, type] = {}
+
+
+def sdk_exporter_class(name: str) -> type:
+    """The zero-argument exporter class for the tracker registered as ``name``."""
+    cls = _CLASSES.get(name)
+    if cls is None:
+        from otel_rl.registry import exporter_class
+
+        base = exporter_class(name)
+
+        def __new__(klass: type, **overrides: Any) -> Any:
+            from otel_rl.env_config import config_from_env, exporter_options_from_env
+
+            options = {**exporter_options_from_env(), **overrides}
+            # An instance of ``base``, not of ``klass``: Python then skips ``__init__`` here.
+            return base.from_config(config_from_env(), **options)
+
+        cls = type(
+            f"{base.__name__}FromEnv",
+            (base,),
+            {"__new__": __new__, "__module__": __name__, "__doc__": f"{base.__name__} from env."},
+        )
+        _CLASSES[name] = cls
+    return cls
+
+
+def __getattr__(name: str) -> type:
+    from otel_rl.registry import available_exporters
+
+    if name.startswith("_") or name not in available_exporters():
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return sdk_exporter_class(name)  # a missing optional dependency raises ConfigError here

@@ -1,0 +1,169 @@
+"""Weights & Biases exporter.
+
+Every row becomes one W&B history row logged *without* ``step=``; the training step travels
+inside the row as ``global_step`` and each metric is bound to its x-axis with ``define_metric``:
+training metrics to ``global_step``, metrics on another axis (``ray/ray_step`` for GPU data) to
+that axis, and metrics under a prefix logged with ``step_metric`` to that metric. Why: W&B keeps
+one monotonic internal step per run and silently drops any row whose ``step=`` is below it, and a
+row logged without ``step=`` advances it. Mixing both (NeMo RL's GPU rows) drops training rows;
+passing the training step as ``step=`` also loses every row after a step goes backwards (a
+resume from an older checkpoint). With the step as data, W&B's internal ``_step`` is only a row
+counter and nothing is ever dropped; a step that goes backwards is warned about and kept.
+
+Runs are written under ``<log_dir>/wandb/`` unless ``wandb.dir`` says otherwise; the ``wandb``
+config section is passed to ``wandb.init`` as it is (``project``, ``name``, ``entity``, ``group``,
+``tags``, ``mode``, ``id``, ``resume``, ``settings``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.exporters.conversions import histogram_edges, png_to_image
+
+from otel_rl.records import HistogramValue, RowValue, StepBatch
+
+#: The row key that carries the training step (the x-axis of every training metric).
+STEP_KEY = "global_step"
+#: W&B refuses histograms with more buckets than this.
+_MAX_BINS = 512
+
+
+class WandbExporter(TrackerExporter):
+    name: ClassVar[str] = "wandb"
+    backwards_policy: ClassVar[str] = (
+        f"the row is kept at {STEP_KEY}=<step> (W&B never sees a backwards step= from otel-rl)"
+    )
+    requires: ClassVar[tuple[str, ...]] = ("wandb",)
+
+    def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self.init_kwargs = dict(init_kwargs or {})
+        self.run: Any = None
+        self._wandb: Any = None
+        self._axis_of: dict[str, str | None] = {}
+        super().__init__(**kwargs)
+        self.stats["backwards_steps"] = 0
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> WandbExporter:
+        init_kwargs = dict(cfg["wandb"])
+        # wandb.init(dir=X) writes to X/wandb/, so runs land in <log_dir>/wandb/.
+        init_kwargs.setdefault("dir", str(Path(cfg["log_dir"])))
+        return cls(init_kwargs, **kwargs)
+
+    # ---- tracker hooks (worker thread) -------------------------------------------------------
+
+    def open(self) -> None:
+        import wandb
+
+        self._wandb = wandb
+        directory = self.init_kwargs.get("dir")
+        if directory:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(**self.init_kwargs)
+        self._define(STEP_KEY, None)
+
+    def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
+        axis = batch.axis
+        data: dict[str, Any] = {}
+        for key, value in rows.items():
+            converted = self._convert(key, value)
+            if converted is not None:
+                data[key] = converted
+        if axis is None:
+            if STEP_KEY in data and data[STEP_KEY] != step:
+                self._warn_once(
+                    "step-key",
+                    "wandb: the logged key %r is replaced by the training step (%s is the x-axis "
+                    "of every training metric)",
+                    STEP_KEY,
+                    STEP_KEY,
+                )
+            data[STEP_KEY] = step
+            for key in data:
+                if key not in self._axis_of:
+                    self._define(key, _step_metric_for(key, batch.step_metrics))
+        else:
+            data.setdefault(axis, step)
+            self._define(axis, None)
+            for key in data:
+                if key not in self._axis_of:
+                    self._define(key, axis)
+        self._log(data)
+
+    def write_hyperparams(self, params: Mapping[str, Any]) -> None:
+        self.run.config.update(dict(params), allow_val_change=True)
+
+    def write_plot(self, name: str, step: int, png: bytes) -> None:
+        self._write_media(name, step, self._wandb.Image(png_to_image(png)))
+
+    def write_table(
+        self,
+        name: str,
+        step: int,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+    ) -> None:
+        table = self._wandb.Table(columns=list(columns), data=[list(r) for r in rows])
+        self._write_media(name, step, table)
+
+    def close(self, exit_code: int) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=exit_code)
+            self.run = None
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _write_media(self, name: str, step: int, media: Any) -> None:
+        if name not in self._axis_of:
+            self._define(name, STEP_KEY)
+        self._log({name: media, STEP_KEY: step})
+
+    def _log(self, data: dict[str, Any]) -> None:
+        try:
+            self.run.log(data)
+        except (TypeError, ValueError) as exc:  # the SDK's verdict on the content: never retry
+            raise RowRejected(f"wandb refused the row: {exc}") from exc
+
+    def _define(self, key: str, step_metric: str | None) -> None:
+        if key in self._axis_of:
+            return
+        self._axis_of[key] = step_metric
+        if "*" in key:  # define_metric reads '*' as a glob; such a key keeps W&B's default axis
+            return
+        if step_metric is None:
+            self.run.define_metric(key)
+        else:
+            self.run.define_metric(key, step_metric=step_metric)
+    def _convert(self, key: str, value: RowValue) -> Any:
+        if isinstance(value, HistogramValue):
+            layout = histogram_edges(value)
+            if layout is None:
+                return None
+            counts, edges = layout
+            if len(counts) > _MAX_BINS:
+                self._warn_once(
+                    f"bins:{key}",
+                    "wandb: histogram %r has %d buckets (W&B allows %d); only its summary "
+                    "scalars are logged",
+                    key,
+                    len(counts),
+                    _MAX_BINS,
+                )
+                return None
+            return self._wandb.Histogram(np_histogram=(counts, edges))
+        return value
+
+
+def _step_metric_for(key: str, step_metrics: Mapping[str, str]) -> str | None:
+    """The x-axis of a training-axis key: the ``step_metric`` of its longest matching prefix,
+    none for a step metric itself (it is an axis), else the training step."""
+    if key in step_metrics.values():
+        return None
+    matches = [prefix for prefix in step_metrics if prefix and key.startswith(prefix + "/")]
+    if matches:
+        return step_metrics[max(matches, key=len)]
+    return STEP_KEY

@@ -1,0 +1,10 @@
+"""Drop-in replacements for the loggers RL frameworks ship, built on :class:`otel_rl.Logger`.
+
+- :mod:`otel_rl.compat.nemo_rl`: ``nemo_rl.utils.logger`` and ``nemo_rl.utils.timer``
+  (``Logger``, ``LoggerConfig``, ``Timer``, ``flatten_dict``, ``print_message_log_samples``, ...).
+- :mod:`otel_rl.compat.verl`: ``verl.utils.tracking`` (``Tracking``,
+  ``ValidationGenerationsLogger``).
+
+Switching is one import line; see docs/migrating.md for what differs and what is not supported.
+Importing this package loads nothing heavy.
+"""

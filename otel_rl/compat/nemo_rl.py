@@ -1,0 +1,375 @@
+"""A drop-in for ``nemo_rl.utils.logger`` (and ``nemo_rl.utils.timer``), built on otel-rl.
+
+Change one import line::
+
+    from nemo_rl.utils.logger import Logger, LoggerConfig, print_message_log_samples
+    from otel_rl.compat.nemo_rl import Logger, LoggerConfig, print_message_log_samples
+
+Same names, signatures and output names (``train/loss``, ``timing/train/total_step_time``,
+``ray/node.0.gpu.0.mem_gb``, TensorBoard under ``<log_dir>/tensorboard``), with every write off the
+training thread. What differs on purpose (docs/migrating.md): ``tensorboard.log_dir`` is honoured;
+``get_next_experiment_dir`` looks only at ``exp_<N>`` children and is safe between concurrent
+jobs; MLflow keeps one plot file per step; a run that crashes is marked failed, not finished;
+lists are logged as summary statistics, never one key per index; ``log_batched_dict_as_jsonl``
+returns after a snapshot and writes in the background (``flush()``/``finish()`` wait for it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypedDict
+
+try:
+    from typing import NotRequired
+except ImportError:  # Python 3.10
+    from typing_extensions import NotRequired
+
+from otel_rl.compat.live import LiveRegistry
+from otel_rl.compat.message_samples import (
+    SAMPLE_COLUMNS,
+    print_message_log_samples,
+    rewards_as_floats,
+)
+from otel_rl.compat.nemo_timer import ThreadSafeTimer, Timer, convert_to_seconds
+from otel_rl.compat.nemo_utils import (
+    configure_rich_logging,
+    flatten_dict,
+    get_next_experiment_dir,
+)
+
+__all__ = [
+    "GPUMonitoringConfig",
+    "Logger",
+    "LoggerConfig",
+    "MLflowConfig",
+    "SwanlabConfig",
+    "TensorboardConfig",
+    "ThreadSafeTimer",
+    "Timer",
+    "WandbConfig",
+    "active_logger",
+    "configure_rich_logging",
+    "convert_to_seconds",
+    "flatten_dict",
+    "get_next_experiment_dir",
+    "print_message_log_samples",
+    "should_log_nemo_gym_full_result_tables",
+]
+
+_log = logging.getLogger("otel_rl")
+
+
+# ---- configuration (NeMo RL's TypedDicts; otel-rl's extra keys are accepted too) -------------
+
+
+class WandbConfig(TypedDict):
+    project: NotRequired[str]
+    name: NotRequired[str]
+    entity: NotRequired[str]
+    #: NeMo RL's switch for NeMo Gym result tables; not passed to ``wandb.init``.
+    log_nemo_gym_full_result_tables: NotRequired[bool]
+
+
+class SwanlabConfig(TypedDict):
+    project: NotRequired[str]
+    name: NotRequired[str]
+
+
+class TensorboardConfig(TypedDict):
+    log_dir: NotRequired[str]
+
+
+class MLflowConfig(TypedDict):
+    experiment_name: NotRequired[str | None]
+    run_id: NotRequired[str | None]
+    run_name: NotRequired[str | None]
+    tracking_uri: NotRequired[str | None]
+    artifact_location: NotRequired[str | None]
+
+
+class GPUMonitoringConfig(TypedDict):
+    collection_interval: int | float
+    flush_interval: int | float
+    #: otel-rl: static ``http://host:port/metrics`` URLs instead of ``ray.nodes()`` discovery.
+    endpoints: NotRequired[list[str]]
+    timeout: NotRequired[float]
+
+
+class LoggerConfig(TypedDict):
+    log_dir: str
+    wandb_enabled: bool
+    swanlab_enabled: bool
+    tensorboard_enabled: bool
+    mlflow_enabled: bool
+    wandb: WandbConfig
+    tensorboard: NotRequired[TensorboardConfig]
+    swanlab: NotRequired[SwanlabConfig]
+    mlflow: NotRequired[MLflowConfig]
+    monitor_gpus: bool
+    gpu_monitoring: GPUMonitoringConfig
+    num_val_samples_to_print: NotRequired[int]
+
+
+def should_log_nemo_gym_full_result_tables(
+    *, wandb_enabled: bool, wandb_config: WandbConfig
+) -> bool:
+    """Whether complete NeMo Gym results should become W&B tables (NeMo RL's switch)."""
+    return bool(wandb_enabled) and bool(wandb_config.get("log_nemo_gym_full_result_tables"))
+
+
+# ---- the live logger (for print_message_log_samples without a logger argument) ---------------
+
+_live: LiveRegistry[Logger] = LiveRegistry()
+
+
+def active_logger() -> Logger | None:
+    """The most recently created NeMo RL-compatible Logger that is not finished, if any."""
+    return _live.latest()
+
+
+# ---- the Logger --------------------------------------------------------------------------------
+
+
+class Logger:
+    """NeMo RL's ``Logger``, delegating to one :class:`otel_rl.Logger` (``self.core``).
+
+    ``cfg`` is a :class:`LoggerConfig` (any otel-rl config key is accepted as well, see
+    docs/configuration.md), a mapping such as an OmegaConf ``DictConfig``, or a YAML path.
+    ``artifact_queue`` bounds how many JSONL dumps may wait in memory for the disk.
+    """
+
+    def __init__(
+        self,
+        cfg: LoggerConfig | Mapping[str, Any] | str | os.PathLike,
+        *,
+        exporters: Sequence[Any] = (),
+        artifact_queue: int = 4,
+    ) -> None:
+        from otel_rl.artifacts import ArtifactWriter
+        from otel_rl.logger import Logger as CoreLogger
+
+        core_cfg, self.log_nemo_gym_full_result_tables = _core_config(cfg)
+        self.core = CoreLogger(core_cfg, exporters=exporters)
+        self.cfg = self.core.config
+        self.base_log_dir = str(self.cfg["log_dir"])
+        os.makedirs(self.base_log_dir, exist_ok=True)
+        #: The tracker exporters (NeMo RL: the backend loggers).
+        self.loggers: list[Any] = list(self.core.exporters)
+        self.wandb_logger = self._tracker("wandb")
+        self.swanlab_logger = self._tracker("swanlab")
+        self.gpu_monitor = self.core.gpu_monitor
+        self.num_val_samples_to_print = int(self.cfg["num_val_samples_to_print"])
+        self.artifacts = ArtifactWriter(max_pending=artifact_queue)
+        self.finished = False
+        _live.add(self)
+
+    # ---- NeMo RL's methods ----------------------------------------------------------------------
+
+    def log_metrics(
+        self,
+        metrics: dict[str, Any],
+        step: int,
+        prefix: str | None = "",
+        step_metric: str | None = None,
+        step_finished: bool = False,
+    ) -> None:
+        """Log ``metrics`` at ``step`` under ``prefix`` (``step_metric`` keeps its own name)."""
+        self.core.log_metrics(
+            _merge_worker_lists(metrics), step, prefix or "", step_metric, step_finished
+        )
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        self.core.log_hyperparams(params)
+
+    def log_histogram(self, histogram: list[Any], step: int, name: str) -> None:
+        """The distribution of ``histogram`` at ``step`` (TensorBoard HISTOGRAMS, W&B, ...)."""
+        self.core.log_histogram(rewards_as_floats(histogram), step, name)
+
+    def log_plot(self, figure: Any, step: int, name: str) -> None:
+        """A matplotlib figure (rendered here; trackers store it per step, MLflow included)."""
+        self.core.log_plot(figure, step, name)
+
+    def log_plot_per_worker_timeline_metrics(
+        self,
+        metrics: dict[int, list[Any]],
+        step: int,
+        prefix: str,
+        name: str,
+        timeline_interval: float,
+    ) -> None:
+        """Plots ``<prefix>/per_worker_<name>`` and ``<prefix>/average_<name>``."""
+        from otel_rl.compat.nemo_plots import per_worker_timeline_figures
+
+        figures = per_worker_timeline_figures(metrics or {}, name, timeline_interval)
+        if not figures:
+            _log.info("otel-rl: %s: no per-worker timeline data at step %s; no plot", name, step)
+        for suffix, figure in figures:
+            self.core.log_plot(figure, step, f"{prefix}/{suffix}")
+
+    def log_plot_token_mult_prob_error(self, data: dict[str, Any], step: int, name: str) -> None:
+        """Plot the tokens of the sample with the highest multiplicative probability error."""
+        from otel_rl.compat.nemo_plots import token_mult_prob_error_figure
+
+        result = token_mult_prob_error_figure(data)
+        if result is None:
+            _log.info("otel-rl: %s: no unmasked generated tokens at step %s; no plot", name, step)
+            return
+        self.core.log_plot(result[0], step, name)
+
+    def log_batched_dict_as_jsonl(self, to_log: Mapping[str, Any], filename: str) -> None:
+        """Write one JSON line per sample to ``<log_dir>/<filename>``, in the background.
+
+        Returns once the batch is copied (tensors to CPU numpy); the file appears complete
+        (written to ``<file>.tmp``, then renamed) by ``flush()``/``finish()``.
+        """
+        from otel_rl.artifacts import iter_batch_lines, snapshot_batch, write_lines_atomically
+
+        path = os.path.join(self.base_log_dir, filename)
+        if self._after_finish(path):
+            return
+        try:
+            columns, size = snapshot_batch(to_log)
+        except (TypeError, ValueError) as exc:
+            if self.cfg["strict"]:
+                raise
+            _log.warning("otel-rl: %s not written: %s", path, exc)
+            return
+        self.artifacts.submit(
+            path, lambda: write_lines_atomically(path, iter_batch_lines(columns, size))
+        )
+
+    def log_string_list_as_jsonl(self, to_log: list[str], filename: str) -> None:
+        """Append each string as one line to ``<log_dir>/<filename>`` (in the background)."""
+        from otel_rl.artifacts import append_lines
+
+        path = os.path.join(self.base_log_dir, filename)
+        if self._after_finish(path):
+            return
+        lines = [str(line) for line in to_log]
+        self.artifacts.submit(path, lambda: append_lines(path, lines))
+
+    def finish(self, exit_code: int | None = None) -> None:
+        """Write pending dumps, drain every tracker and close the run.
+
+        ``exit_code`` defaults to what the process is heading for: called while an exception
+        propagates (``finally:``/``except:``), the run is marked failed (killed for Ctrl-C and
+        SIGTERM), never finished.
+        """
+        if self.finished:
+            return
+        self.finished = True
+        code = _exit_code_now() if exit_code is None else int(exit_code)
+        timeout = float(self.cfg["export"]["shutdown_timeout"])
+        if not self.artifacts.close(timeout):
+            _log.warning("otel-rl: %d artifact dump(s) still being written at finish",
+                         self.artifacts.pending)
+        self.core.finish(exit_code=code)
+
+    # ---- otel-rl additions --------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every dump is on disk and every tracker has written what was logged."""
+        artifacts_done = self.artifacts.flush(timeout)
+        return self.core.flush(timeout) and artifacts_done
+
+    def log_samples_table(
+        self, rows: Sequence[Sequence[Any]], step: int, name: str = "validation/samples"
+    ) -> list[str]:
+        """Log sample rows (``step, rank, index, reward, conversation``) to the trackers;
+        returns the trackers reached (see :mod:`otel_rl.compat.tracker_tables`)."""
+        from otel_rl.compat.tracker_tables import submit_table
+
+        return submit_table(self.core.exporters, name, step, SAMPLE_COLUMNS, rows)
+
+    def log_validation_samples(
+        self,
+        message_logs: list[Any],
+        rewards: Any,
+        step: int,
+        num_samples: int | None = None,
+        console: Any = None,
+    ) -> None:
+        """Print the best/worst ``num_samples`` (default ``num_val_samples_to_print``) and log
+        them to the trackers."""
+        count = self.num_val_samples_to_print if num_samples is None else num_samples
+        print_message_log_samples(
+            message_logs, rewards, num_samples=count, step=step, logger=self, console=console
+        )
+
+    def __enter__(self) -> Logger:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        from otel_rl.exit import exit_code_of
+
+        self.finish(exit_code=exit_code_of(exc_type, exc))
+
+    def _after_finish(self, what: str) -> bool:
+        if self.finished:
+            _log.warning("otel-rl: %s not written: the Logger is finished", what)
+        return self.finished
+
+    def _tracker(self, name: str) -> Any:
+        return next((e for e in self.core.exporters if getattr(e, "name", "") == name), None)
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def _core_config(cfg: Any) -> tuple[dict[str, Any], bool]:
+    """otel-rl's config from a NeMo RL one; and NeMo RL's NeMo Gym table switch."""
+    from otel_rl.config import load_config
+
+    if isinstance(cfg, (str, os.PathLike, Path)) or cfg is None:
+        plain = load_config(cfg)
+    else:
+        plain = _plain(cfg)
+    wandb = plain.get("wandb")
+    full_tables = False
+    if isinstance(wandb, dict):
+        full_tables = bool(wandb.pop("log_nemo_gym_full_result_tables", False))
+    return plain, full_tables
+
+
+def _plain(value: Any) -> Any:
+    """Mappings (OmegaConf's included) as dicts, recursively."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _merge_worker_lists(metrics: Any) -> Any:
+    """NeMo RL's ``generation_logger_metrics`` (``{metric: {worker: [values]}}``) as one list
+    per metric, so each metric gets one set of summary statistics across the cluster."""
+    if not isinstance(metrics, Mapping):
+        return metrics
+    per_metric = metrics.get("generation_logger_metrics")
+    if not isinstance(per_metric, Mapping):
+        return metrics
+    merged: dict[str, Any] = {}
+    for metric, by_worker in per_metric.items():
+        if isinstance(by_worker, Mapping):
+            values: list[Any] = []
+            for samples in by_worker.values():
+                values.extend(samples if isinstance(samples, (list, tuple)) else [samples])
+            merged[metric] = values
+        else:
+            merged[metric] = by_worker
+    return {**metrics, "generation_logger_metrics": merged}
+
+
+def _exit_code_now() -> int:
+    """The exit code for a run finished right now: from the exception being handled or
+    propagating, else from the process's exit path (0 when all is well)."""
+    from otel_rl.exit import exit_code_hint, exit_code_of
+
+    exc_type, exc, _ = sys.exc_info()
+    if exc_type is not None:
+        return exit_code_of(exc_type, exc)
+    return exit_code_hint()

@@ -1,0 +1,232 @@
+"""``Timer`` and ``ThreadSafeTimer`` with the methods and reductions of ``nemo_rl.utils.timer``.
+
+A Timer keeps every measured duration (seconds) per label; ``get_timing_metrics("sum")`` gives
+the ``{label: seconds}`` dict a training loop logs with ``prefix="timing/train"`` — which is how
+``timing/train/total_step_time`` gets its name. Pure Python (no numpy): ``std`` is the population
+standard deviation, as ``numpy.std`` computes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+_log = logging.getLogger("otel_rl.compat.timer")
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def _std(values: Sequence[float]) -> float:
+    return statistics.pstdev(values)
+
+
+#: Reduction name → function over the recorded durations.
+REDUCTIONS: dict[str, Callable[[Sequence[float]], float | int]] = {
+    "mean": _mean,
+    "median": lambda v: float(statistics.median(v)),
+    "min": lambda v: float(min(v)),
+    "max": lambda v: float(max(v)),
+    "std": _std,
+    "sum": lambda v: math.fsum(v),
+    "count": len,
+}
+
+
+class Timer:
+    """Durations per label: ``start``/``stop``, ``with timer.time(label)``, or ``record``.
+
+    ``context`` (e.g. ``{"rank": 3}``) prefixes the DEBUG line written at each event.
+    """
+
+    _REDUCTION_FUNCTIONS = REDUCTIONS
+
+    def __init__(self, context: dict[str, object] | None = None) -> None:
+        self._timers: dict[str, list[float]] = {}
+        self._start_times: dict[str, float] = {}
+        self._markers: dict[str, list[tuple[float, dict | None]]] = {}
+        self._context: dict[str, object] = dict(context or {})
+        if "hostname" not in self._context:
+            import socket
+
+            self._context["hostname"] = socket.gethostname()
+
+    # ---- measuring ----------------------------------------------------------------------------
+
+    def start(self, label: str, should_log: bool = True) -> None:
+        """Start timing ``label``; a label that is already running is an error."""
+        if label in self._start_times:
+            raise ValueError(f"Timer '{label}' is already running")
+        self._start_times[label] = time.perf_counter()
+        if should_log:
+            self._debug(label, "start")
+
+    def stop(self, label: str, should_log: bool = True) -> float:
+        """Stop timing ``label``; returns and records the elapsed seconds."""
+        started = self._start_times.pop(label, None)
+        if started is None:
+            running = ", ".join(self._start_times) or "none"
+            raise ValueError(f"Timer '{label}' is not running (running: {running})")
+        elapsed = time.perf_counter() - started
+        self._timers.setdefault(label, []).append(elapsed)
+        if should_log:
+            self._debug(label, f"end elapsed={elapsed:.4f}s")
+        return elapsed
+
+    def record(self, label: str, elapsed: float, should_log: bool = True) -> None:
+        """Add a duration measured elsewhere."""
+        self._timers.setdefault(label, []).append(float(elapsed))
+        if should_log:
+            self._debug(label, f"record elapsed={float(elapsed):.4f}s")
+
+    @contextlib.contextmanager
+    def time(self, label: str, should_log: bool = True) -> Iterator[None]:
+        """Time the ``with`` block under ``label`` (recorded even when the block raises)."""
+        self.start(label, should_log)
+        try:
+            yield
+        finally:
+            self.stop(label, should_log)
+
+    def drain(self, label: str) -> float:
+        """The sum of ``label``'s durations, removing them (0.0 if it never ran)."""
+        values = self._timers.pop(label, None)
+        return math.fsum(values) if values else 0.0
+
+    def mark(self, label: str, metadata: dict | None = None) -> float:
+        """Record a point in time (Unix seconds, comparable across processes); returns it."""
+        now = time.time()
+        self._markers.setdefault(label, []).append((now, metadata))
+        self._debug(label, f"mark meta={metadata}" if metadata else "mark")
+        return now
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def get_markers(self, label: str | None = None) -> dict[str, list[tuple[float, dict | None]]]:
+        if label is not None:
+            return {label: list(self._markers.get(label, []))}
+        return {k: list(v) for k, v in self._markers.items()}
+
+    def get_elapsed(self, label: str) -> list[float]:
+        """Every duration recorded for ``label`` (KeyError if none)."""
+        if label not in self._timers:
+            raise KeyError(f"No timings recorded for '{label}'")
+        return self._timers[label]
+
+    def get_latest_elapsed(self, label: str) -> float:
+        values = self.get_elapsed(label)
+        if not values:
+            raise IndexError(f"No measurements recorded for '{label}'")
+        return values[-1]
+
+    def reduce(self, label: str, operation: str = "mean") -> float:
+        """``operation`` (mean, median, min, max, std, sum, count) over ``label``'s durations."""
+        reduction = self._REDUCTION_FUNCTIONS.get(operation)
+        if reduction is None:
+            valid = ", ".join(self._REDUCTION_FUNCTIONS)
+            raise ValueError(f"Invalid operation '{operation}'. Valid options are: {valid}")
+        return reduction(self.get_elapsed(label))
+
+    def get_timing_metrics(
+        self, reduction_op: str | dict[str, str] = "mean"
+    ) -> dict[str, float | list[float]]:
+        """``{label: value}``: one reduction for all labels (a str), or per label (a dict).
+
+        Labels a dict does not name, or names with an unknown reduction, keep their list of
+        durations (otel-rl logs a list as ``/count, /mean, /std, /min, /max, /p50, /p90``).
+        """
+        if isinstance(reduction_op, str):
+            ops = dict.fromkeys(self._timers, reduction_op)
+        else:
+            ops = dict(reduction_op)
+        results: dict[str, float | list[float]] = {}
+        for label, values in self._timers.items():
+            op = ops.get(label)
+            if op in self._REDUCTION_FUNCTIONS:
+                results[label] = self._REDUCTION_FUNCTIONS[op](values)
+            else:
+                results[label] = list(values)
+        return results
+
+    def reset(self, label: str | None = None) -> None:
+        """Forget ``label`` (durations, running start, markers), or everything."""
+        if label:
+            self._timers.pop(label, None)
+            self._start_times.pop(label, None)
+            self._markers.pop(label, None)
+        else:
+            self._timers, self._start_times, self._markers = {}, {}, {}
+
+    def _debug(self, label: str, event: str) -> None:
+        if not _log.isEnabledFor(logging.DEBUG):
+            return  # building the timestamp costs more than the measurement
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        context = " ".join(f"{k}={v}" for k, v in self._context.items())
+        _log.debug("[%s] %s %s ts=%s", context, label, event, stamp)
+
+
+class ThreadSafeTimer(Timer):
+    """A :class:`Timer` whose every operation holds one lock (the timed block itself does not)."""
+
+    def __init__(self, context: dict[str, object] | None = None) -> None:
+        super().__init__(context)
+        self._lock = threading.RLock()
+
+    def start(self, label: str, should_log: bool = True) -> None:
+        with self._lock:
+            super().start(label, should_log)
+
+    def stop(self, label: str, should_log: bool = True) -> float:
+        with self._lock:
+            return super().stop(label, should_log)
+
+    def record(self, label: str, elapsed: float, should_log: bool = True) -> None:
+        with self._lock:
+            super().record(label, elapsed, should_log)
+
+    def drain(self, label: str) -> float:
+        with self._lock:
+            return super().drain(label)
+
+    def mark(self, label: str, metadata: dict | None = None) -> float:
+        with self._lock:
+            return super().mark(label, metadata)
+
+    def get_markers(self, label: str | None = None) -> dict[str, list[tuple[float, dict | None]]]:
+        with self._lock:
+            return super().get_markers(label)
+
+    def get_elapsed(self, label: str) -> list[float]:
+        with self._lock:
+            return list(super().get_elapsed(label))
+
+    def get_latest_elapsed(self, label: str) -> float:
+        with self._lock:
+            return super().get_latest_elapsed(label)
+
+    def reduce(self, label: str, operation: str = "mean") -> float:
+        with self._lock:
+            return super().reduce(label, operation)
+
+    def get_timing_metrics(
+        self, reduction_op: str | dict[str, str] = "mean"
+    ) -> dict[str, float | list[float]]:
+        with self._lock:
+            return super().get_timing_metrics(reduction_op)
+
+    def reset(self, label: str | None = None) -> None:
+        with self._lock:
+            super().reset(label)
+
+
+def convert_to_seconds(time_string: str) -> int:
+    """``"DD:HH:MM:SS"`` → seconds."""
+    days, hours, minutes, seconds = (int(part) for part in time_string.split(":"))
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds

@@ -1,0 +1,246 @@
+"""A drop-in for ``verl.utils.tracking``: ``Tracking`` and ``ValidationGenerationsLogger``.
+
+Change one import line::
+
+    from verl.utils.tracking import Tracking, ValidationGenerationsLogger
+    from otel_rl.compat.verl import Tracking, ValidationGenerationsLogger
+
+Backends ``console, wandb, mlflow, swanlab, tensorboard, trackio, file`` configured from verl's
+environment variables (:mod:`otel_rl.compat.verl_config`), every write on the trackers' own
+threads. Differences on purpose (docs/migrating.md): an unknown backend is a
+:class:`~otel_rl.ConfigError` naming the supported ones, not an ``AssertionError``; the ``file``
+backend appends; ``finish(exit_code)`` (or leaving a ``with`` block with an exception) marks a
+crashed run failed in W&B, MLflow, SwanLab and TensorBoard's HPARAMS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from otel_rl.compat.live import LiveRegistry
+from otel_rl.compat.verl_config import (
+    SUPPORTED_BACKENDS,
+    backend_names,
+    core_config,
+    file_logger_path,
+)
+
+__all__ = ["Tracking", "ValidationGenerationsLogger", "active_tracking"]
+
+_log = logging.getLogger("otel_rl")
+
+#: The table (TensorBoard text tag, W&B key, MLflow artifact folder) validation samples go to.
+GENERATIONS_KEY = "val/generations"
+
+_live: LiveRegistry[Tracking] = LiveRegistry()
+
+
+def active_tracking() -> Tracking | None:
+    """The most recently created :class:`Tracking` that is not finished, if any."""
+    return _live.latest()
+
+
+class Tracking:
+    """verl's ``Tracking``: ``log(data, step, backend=None)`` to every configured backend.
+
+    ``config`` (a dict or OmegaConf container) is logged as hyperparameters: W&B config, MLflow
+    params, TensorBoard HPARAMS, SwanLab/Trackio config. ``self.core`` is the
+    :class:`otel_rl.Logger` underneath (timers, ``log_table``, ``flush``...).
+    """
+
+    supported_backend = list(SUPPORTED_BACKENDS)
+
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        default_backend: str | list[str] = "console",
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        from otel_rl.compat.verl_exporters import (
+            VerlConsoleExporter,
+            VerlFileExporter,
+            use_verl_mlflow_names,
+        )
+        from otel_rl.logger import Logger as CoreLogger
+
+        self.project_name = str(project_name)
+        self.experiment_name = str(experiment_name)
+        self.backends = backend_names(default_backend)
+        self.finished = False
+        plain = _plain(config) if config is not None else None
+        cfg = core_config(self.project_name, self.experiment_name, self.backends, plain)
+        extra: list[Any] = []
+        if "console" in self.backends:
+            extra.append(VerlConsoleExporter())
+        if "file" in self.backends:
+            path = file_logger_path(self.project_name, self.experiment_name)
+            extra.append(VerlFileExporter(path))
+        self.core = CoreLogger(cfg, exporters=extra)
+        #: backend name → its tracker exporter (verl: backend name → logger object).
+        self.logger: dict[str, Any] = {e.name: e for e in self.core.exporters}
+        if "mlflow" in self.logger:
+            use_verl_mlflow_names(self.logger["mlflow"])
+        if plain:
+            self.core.log_hyperparams(plain)
+        _live.add(self)
+
+    def log(self, data: Mapping[str, Any], step: int, backend: str | Iterable[str] | None = None
+            ) -> None:
+        """Log ``data`` at ``step`` to every backend, or only to those named in ``backend``.
+
+        Each call is one row, sent at once (as verl writes each call): two calls with the same
+        step give two rows at that step.
+        """
+        targets = self._targets(backend)
+        if targets is None:
+            self.core.log_metrics(data, step=step, step_finished=True)
+            return
+        self._log_to(targets, data, step)
+
+    def finish(self, exit_code: int | None = None) -> None:
+        """Drain every backend and close the run (``exit_code != 0``: failed/killed).
+
+        Without ``exit_code``: failed when called while an exception propagates, else the
+        process's exit status as far as known (0).
+        """
+        if self.finished:
+            return
+        self.finished = True
+        from otel_rl.compat.nemo_rl import _exit_code_now
+
+        self.core.finish(exit_code=_exit_code_now() if exit_code is None else int(exit_code))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every backend has written what was logged."""
+        return self.core.flush(timeout)
+
+    def __enter__(self) -> Tracking:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        from otel_rl.exit import exit_code_of
+
+        self.finish(exit_code=exit_code_of(exc_type, exc))
+
+    def __del__(self) -> None:
+        # verl finishes its backends when the Tracking is collected; so do we.
+        try:
+            if not getattr(self, "finished", True):
+                from otel_rl.exit import exit_code_hint
+
+                self.finish(exit_code=exit_code_hint())
+        except Exception:  # never raise from a finalizer
+            pass
+
+    def _targets(self, backend: str | Iterable[str] | None) -> set[str] | None:
+        """``None`` for every backend, else the enabled backends named in ``backend``."""
+        if backend is None:
+            return None
+        wanted = set(backend_names(backend))
+        if wanted >= set(self.backends):
+            return None
+        return wanted & set(self.backends)
+
+    def _log_to(self, targets: set[str], data: Mapping[str, Any], step: int) -> None:
+        from otel_rl.records import StepBatch
+        from otel_rl.values import flatten_into
+
+        def report(key: str, reason: str) -> None:
+            _log.warning("otel-rl: metric %r: %s", key, reason)
+
+        values: dict[str, Any] = {}
+        flatten_into(values, data, "", report)
+        batch = StepBatch(step=int(step), values=values)
+        for exporter in self.core.exporters:
+            if exporter.name in targets:
+                exporter.submit(batch)
+
+
+@dataclasses.dataclass
+class ValidationGenerationsLogger:
+    """verl's ``ValidationGenerationsLogger``: ``(input, output, score)`` samples per tracker.
+
+    ``log(loggers, samples, step)`` sends them to the backends in ``loggers`` of ``tracking``
+    (default: the live :class:`Tracking`), each in its own form under ``val/generations``:
+    W&B a table with one row per validation step (``step, input_1, output_1, score_1, ...``,
+    verl's layout, rows accumulating), MLflow a JSON artifact
+    ``tables/val/generations/step_<N>.json``, TensorBoard a Markdown table in the TEXT tab,
+    SwanLab the same Markdown as ``swanlab.Text``, Trackio a table.
+    """
+
+    project_name: str | None = None
+    experiment_name: str | None = None
+    tracking: Tracking | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._wide_columns: list[str] | None = None
+        self._wide_rows: list[list[Any]] = []
+
+    def log(self, loggers: str | Iterable[str], samples: Sequence[Sequence[Any]], step: int
+            ) -> None:
+        from otel_rl.compat.tracker_tables import cell, submit_table
+
+        tracking = self.tracking or active_tracking()
+        if tracking is None:
+            _log.warning("otel-rl: validation generations at step %s not logged: no live "
+                         "Tracking (create one first, or pass tracking=)", step)
+            return
+        names = set(backend_names(loggers)) & set(tracking.backends)
+        rows = [tuple(cell(v) for v in _triple(sample)) for sample in samples]
+        per_tracker = {"wandb": self._wide_table(rows, int(step))} if "wandb" in names else {}
+        submit_table(
+            tracking.core.exporters,
+            GENERATIONS_KEY,
+            int(step),
+            ("input", "output", "score"),
+            rows,
+            only=names,
+            per_tracker=per_tracker,
+        )
+
+    def log_generations_to_wandb(self, samples: Sequence[Sequence[Any]], step: int) -> None:
+        self.log(["wandb"], samples, step)
+
+    def log_generations_to_swanlab(self, samples: Sequence[Sequence[Any]], step: int) -> None:
+        self.log(["swanlab"], samples, step)
+
+    def log_generations_to_mlflow(self, samples: Sequence[Sequence[Any]], step: int) -> None:
+        self.log(["mlflow"], samples, step)
+
+    def log_generations_to_tensorboard(
+        self, samples: Sequence[Sequence[Any]], step: int
+    ) -> None:
+        self.log(["tensorboard"], samples, step)
+
+    def _wide_table(
+        self, rows: list[tuple[Any, ...]], step: int
+    ) -> tuple[list[str], list[list[Any]]]:
+        """verl's W&B layout: one row per step holding every sample; all rows so far."""
+        if self._wide_columns is None:
+            self._wide_columns = ["step"] + [
+                f"{part}_{i + 1}" for i in range(len(rows)) for part in ("input", "output", "score")
+            ]
+        width = len(self._wide_columns) - 1
+        flat = [value for row in rows for value in row][:width]
+        flat += [""] * (width - len(flat))  # a step with fewer samples keeps the table's shape
+        self._wide_rows.append([step, *flat])
+        return self._wide_columns, [list(r) for r in self._wide_rows]
+
+
+def _triple(sample: Sequence[Any]) -> tuple[Any, Any, Any]:
+    values = list(sample)[:3]
+    values += [""] * (3 - len(values))
+    return values[0], values[1], values[2]
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers and other mappings as plain dicts (lists kept as lists)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,34 @@
+"""Metrics from many workers, merged with per-metric reductions.
+
+- :class:`WorkerMetrics` runs in each worker (Ray actor, torch rank) and hands out small picklable
+  snapshots of what it recorded since the previous snapshot.
+- :func:`merge_snapshots` (used by ``Logger.log_worker_metrics``) merges them on the driver.
+- :func:`reduce_across_ranks` reduces a dict of scalars across torch.distributed ranks (SPMD).
+
+Nothing heavy is imported until used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "WorkerMetrics": "otel_rl.distributed.worker",
+    "merge_snapshots": "otel_rl.distributed.merge",
+    "ReductionRules": "otel_rl.distributed.reductions",
+    "ReductionConflictError": "otel_rl.distributed.reductions",
+    "REDUCTIONS": "otel_rl.distributed.reductions",
+    "reduce_across_ranks": "otel_rl.distributed.torch",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'otel_rl.distributed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

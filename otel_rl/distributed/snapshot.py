@@ -1,0 +1,100 @@
+"""The snapshot a worker hands to the driver: plain dicts and tuples, nothing from OTel.
+
+A snapshot is everything one worker recorded since its previous snapshot::
+
+    {"format": 1, "rank": 0, "role": "actor", "step": 3 | None, "time": <unix seconds>,
+     "scalars":    {key: (reduce, n, sum, weighted_sum, weight_sum, min, max, last, last_time)},
+     "timings":    {key: (total_seconds, count)},
+     "histograms": {key: (bounds, counts, count, sum, min, max)}}
+
+A scalar carries enough to apply any reduction on the driver: ``reduce`` is what the worker
+declared (``None``: let the driver's rules decide, default ``mean``), ``n`` how many values
+were recorded, then their plain sum, their weighted sum and total weight (for a weighted mean),
+min, max, and the last value with its wall-clock time. A timing is the worker's total seconds
+for that name over the step (repeated timers add up). A histogram has explicit bucket bounds and
+merges exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import Gauge, Histogram, MetricsData, Sum
+
+from otel_rl.records import _with_attributes
+
+FORMAT = 1
+
+# Field positions of a scalar entry.
+REDUCE, N, SUM, WSUM, WEIGHT, MIN, MAX, LAST, LAST_TIME = range(9)
+
+
+def empty_snapshot(rank: int, role: str, step: int | None, now: float) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "rank": rank,
+        "role": role,
+        "step": step,
+        "time": now,
+        "scalars": {},
+        "timings": {},
+        "histograms": {},
+    }
+
+
+def add_otel_data(
+    snapshot: dict[str, Any],
+    datas: Sequence[MetricsData],
+    timer_key: Callable[[str, str], str | None],
+    now: float,
+) -> None:
+    """Fold OTel data collected from the worker's provider into ``snapshot``.
+
+    ``timer_key(scope, instrument)`` names the instruments that are timers. Other histograms
+    stay histograms; counters and up-down counters become scalars reduced by ``sum``; gauges
+    become scalars whose reduction the driver's rules decide.
+    """
+    scalars, timings, histograms = snapshot["scalars"], snapshot["timings"], snapshot["histograms"]
+    for data in datas:
+        for resource_metrics in data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                scope = scope_metrics.scope.name
+                for metric in scope_metrics.metrics:
+                    timer = timer_key(scope, metric.name)
+                    points = metric.data.data_points
+                    if timer is not None:
+                        total, count = timings.get(timer, (0.0, 0))
+                        for p in points:
+                            total, count = total + p.sum, count + p.count
+                        timings[timer] = (total, count)
+                        continue
+                    for p in points:
+                        key = _with_attributes(metric.name, p.attributes)
+                        if isinstance(metric.data, Histogram):
+                            entry = (
+                                tuple(p.explicit_bounds), tuple(p.bucket_counts),
+                                p.count, p.sum, p.min, p.max,
+                            )  # fmt: skip
+                            old = histograms.get(key)
+                            histograms[key] = entry if old is None else merge_histogram(old, entry)
+                        elif isinstance(metric.data, Sum):
+                            v = float(p.value)
+                            scalars[key] = ("sum", 1, v, v, 1.0, v, v, v, now)
+                        elif isinstance(metric.data, Gauge):
+                            v = float(p.value)
+                            scalars[key] = (None, 1, v, v, 1.0, v, v, v, now)
+
+
+def merge_histogram(a: tuple, b: tuple) -> tuple:
+    """Exact merge of two histogram entries with the same bucket bounds."""
+    if a[0] != b[0]:
+        raise ValueError("cannot merge histograms with different bucket bounds")
+    return (
+        a[0],
+        tuple(x + y for x, y in zip(a[1], b[1], strict=True)),
+        a[2] + b[2],
+        a[3] + b[3],
+        min(a[4], b[4]),
+        max(a[5], b[5]),
+    )

@@ -1,0 +1,194 @@
+"""WorkerMetrics: what one worker (a Ray actor, a torch rank) records between two snapshots."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics._internal.exemplar import AlwaysOffExemplarFilter
+from opentelemetry.sdk.resources import Resource
+
+from otel_rl.distributed.reductions import REDUCTIONS, ReductionConflictError
+from otel_rl.distributed.snapshot import (
+    LAST,
+    LAST_TIME,
+    MAX,
+    MIN,
+    REDUCE,
+    SUM,
+    WEIGHT,
+    WSUM,
+    N,
+    add_otel_data,
+    empty_snapshot,
+)
+from otel_rl.keys import KeyCollisionError, KeyRegistry
+from otel_rl.records import OWN_SCOPE
+from otel_rl.step_reader import StepReader
+from otel_rl.timing import Timer, TimerFactory
+from otel_rl.tracing import build_tracer_provider
+
+#: The scope of ``WorkerMetrics.meter``.
+USER_SCOPE = "otel_rl.worker"
+
+
+class WorkerMetrics:
+    """Record metrics and timings in a worker; hand them to the driver as small snapshots.
+
+    ``record(key, value, reduce=..., weight=...)`` keeps a per-step accumulator (a dict update:
+    cheap on the hot path, and exact for signed values, which OTel histograms would drop).
+    ``timer(name)`` times a block into the histogram ``timing/<name>`` (seconds) on this
+    worker's own MeterProvider; ``meter`` gives plain OTel instruments on that same provider.
+    ``snapshot()`` returns everything since the previous snapshot as plain, picklable data
+    (see :mod:`otel_rl.distributed.snapshot`) for ``Logger.log_worker_metrics`` on the driver.
+
+    With ``tracing=True`` each timer is also a span (exported to OTLP when ``otlp`` — the logger's
+    ``otlp`` config section — is given; ``tracer_provider`` accepts more span processors).
+    """
+
+    def __init__(
+        self,
+        rank: int = 0,
+        role: str = "worker",
+        *,
+        tracing: bool = False,
+        otlp: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.rank = int(rank)
+        self.role = str(role)
+        attributes: dict[str, Any] = {
+            "otel_rl.role": self.role,
+            "otel_rl.rank": self.rank,
+            "host.name": socket.gethostname(),
+            "process.pid": os.getpid(),
+        }
+        if run_id:
+            attributes["otel_rl.run_id"] = run_id
+        self.resource = Resource.create(attributes)
+        self._reader = StepReader()
+        self.meter_provider = MeterProvider(
+            metric_readers=[self._reader],
+            resource=self.resource,
+            exemplar_filter=AlwaysOffExemplarFilter(),
+            shutdown_on_exit=False,
+        )
+        #: Plain OTel instruments: counters sum across workers, histograms merge exactly,
+        #: gauges follow the driver's ``reductions`` (default ``mean``).
+        self.meter = self.meter_provider.get_meter(USER_SCOPE)
+        self._own_meter = self.meter_provider.get_meter(OWN_SCOPE)
+        self.tracer_provider = build_tracer_provider(tracing, otlp, self.resource)
+        self._tracer = self.tracer_provider.get_tracer(OWN_SCOPE) if self.tracer_provider else None
+        self._span_attributes = {"otel_rl.role": self.role, "otel_rl.rank": self.rank}
+        self._keys = KeyRegistry()
+        self._timers = TimerFactory(
+            self._own_meter, self._keys, self._tracer, self._span_attributes
+        )
+        self._declared: dict[str, str | None] = {}
+        self._scalars: dict[str, list[Any]] = {}
+        self._lock = threading.Lock()
+
+    def record(
+        self,
+        key: str,
+        value: float,
+        reduce: str | None = None,
+        weight: float | None = None,
+    ) -> None:
+        """Record ``value`` under ``key`` for the current step.
+
+        ``reduce`` says how values combine, within this worker's step and across workers:
+        ``"mean"`` (weighted by ``weight``, default 1 per value), ``"sum"``, ``"min"``, ``"max"``
+        or ``"last"``. ``None`` leaves it to the driver's ``reductions`` config (default
+        ``mean``). A key keeps the reduction it was first declared with; declaring another raises
+        :class:`ReductionConflictError`.
+        """
+        v = float(value)
+        if weight is None:
+            w = 1.0
+        else:
+            w = float(weight)
+            if not w >= 0.0:
+                raise ValueError(f"metric {key!r}: weight must be >= 0, got {weight!r}")
+        now = time.time()
+        with self._lock:
+            acc = self._scalars.get(key)
+            if acc is None:
+                declared = self._declare(key, reduce)
+                self._scalars[key] = [declared, 1, v, v * w, w, v, v, v, now]
+                return
+            if reduce is not None and reduce != acc[REDUCE]:
+                acc[REDUCE] = self._declare(key, reduce)
+            acc[N] += 1
+            acc[SUM] += v
+            acc[WSUM] += v * w
+            acc[WEIGHT] += w
+            # written so that a NaN, once seen, stays: a NaN loss must reach the driver
+            if (v < acc[MIN] or v != v) and acc[MIN] == acc[MIN]:
+                acc[MIN] = v
+            if (v > acc[MAX] or v != v) and acc[MAX] == acc[MAX]:
+                acc[MAX] = v
+            acc[LAST] = v
+            acc[LAST_TIME] = now
+
+    def timer(self, name: str) -> Timer:
+        """Time a block or function into ``timing/<name>`` (seconds; repeated uses within one
+        snapshot add up; the driver reduces the per-worker totals with ``max`` by default)."""
+        try:
+            return self._timers.timer(name)
+        except KeyCollisionError as exc:
+            raise ValueError(str(exc)) from exc
+
+    def snapshot(self, step: int | None = None) -> dict[str, Any]:
+        """Everything recorded since the previous snapshot, as plain picklable data.
+
+        ``step`` tags the snapshot (the Ray aggregator's ``drain(step)`` uses it); the driver
+        still logs it at the step it passes to ``log_worker_metrics``.
+        """
+        now = time.time()
+        with self._lock:
+            scalars, self._scalars = self._scalars, {}
+        snap = empty_snapshot(self.rank, self.role, step, now)
+        snap["scalars"] = {key: tuple(acc) for key, acc in scalars.items()}
+        add_otel_data(snap, self._reader.take(), self._timer_key, now)
+        return snap
+
+    def close(self) -> None:
+        """Shut the worker's providers down (flushes spans to OTLP, if configured)."""
+        self.meter_provider.shutdown(timeout_millis=5_000)
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+
+    def __enter__(self) -> WorkerMetrics:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _declare(self, key: str, reduce: str | None) -> str | None:
+        """The reduction ``key`` keeps (caller holds the lock)."""
+        known = self._declared.get(key)
+        if reduce is None:
+            if key not in self._declared:
+                self._declared[key] = None
+            return known
+        if reduce not in REDUCTIONS:
+            raise ValueError(
+                f"metric {key!r}: unknown reduction {reduce!r}; choose from {', '.join(REDUCTIONS)}"
+            )
+        if known is not None and known != reduce:
+            raise ReductionConflictError(
+                key, f"declared with reduce={known!r} before, now reduce={reduce!r}"
+            )
+        self._declared[key] = reduce
+        return reduce
+
+    def _timer_key(self, scope: str, instrument: str) -> str | None:
+        if scope != OWN_SCOPE:
+            return None
+        return self._keys.key_for(instrument)

@@ -1,0 +1,160 @@
+"""``otel-rl gpu-monitor``: the GPU bridge on its own (e.g. a sidecar on the head node).
+
+It scrapes the Ray nodes (``--ray-address``) or the given endpoints, serves the ``ray.node.*``
+gauges on Prometheus and/or pushes them over OTLP, and prints a live table of the latest values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from otel_rl.ray.gpu_metrics import GIB
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--ray-address", help="join this Ray cluster (e.g. 'auto') and scrape its alive nodes"
+    )
+    source.add_argument(
+        "--endpoint",
+        action="append",
+        metavar="URL",
+        help="a node's metrics endpoint, http://host:port/metrics (repeatable)",
+    )
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between rounds")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per node request")
+    parser.add_argument(
+        "--otlp",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ENDPOINT",
+        help="push over OTLP (to ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT / localhost)",
+    )
+    parser.add_argument("--prometheus-port", type=int, default=None, help="serve /metrics here")
+    parser.add_argument(
+        "--prometheus-host", default="127.0.0.1", help="address to serve /metrics on"
+    )
+    parser.add_argument("--once", action="store_true", help="one round, print it, exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from otel_rl import Logger
+
+    if args.ray_address:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=args.ray_address, logging_level="ERROR", log_to_driver=False)
+    cfg: dict[str, Any] = {
+        "jsonl_enabled": False,
+        "monitor_gpus": True,
+        "capture_global_meters": False,
+        "role": "gpu-monitor",
+        "gpu_monitoring": {
+            "endpoints": list(args.endpoint or []),
+            "collection_interval": args.interval,
+            "flush_interval": args.interval,
+            "timeout": args.timeout,
+        },
+    }
+    if args.prometheus_port is not None:
+        cfg["prometheus"] = {
+            "enabled": True,
+            "port": args.prometheus_port,
+            "host": args.prometheus_host,
+        }
+    if args.otlp is not None:
+        cfg["otlp"] = {"enabled": True, "endpoint": args.otlp or None}
+
+    from rich.console import Console
+
+    console = Console() if sys.stdout.isatty() else Console(width=140)
+    with Logger(cfg) as logger:
+        scraper = logger.gpu_monitor.scraper
+        if logger._pipeline.prometheus_url:
+            console.print(f"Prometheus: {logger._pipeline.prometheus_url}")
+        if args.once:
+            deadline = time.monotonic() + args.timeout + 30
+            while scraper.last is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            console.print(render(scraper))
+            return 0 if scraper.last is not None else 1
+        from rich.live import Live
+
+        try:
+            with Live(render(scraper), console=console, refresh_per_second=2) as live:
+                while True:
+                    time.sleep(0.5)
+                    live.update(render(scraper))
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def render(scraper: Any) -> Any:
+    """Two tables from the scraper's cache: nodes (with failures) and GPUs."""
+    from rich.console import Group
+    from rich.table import Table
+
+    last = scraper.last
+    title = "waiting for the first round"
+    if last is not None:
+        title = (
+            f"{len(last.samples)}/{len(last.results)} nodes answered, round took "
+            f"{last.duration:.2f} s, {time.strftime('%H:%M:%S', time.localtime(last.time))}"
+        )
+    nodes = Table(title=f"Ray nodes - {title}", title_justify="left")
+    for column in ("node", "host", "status", "CPU %", "memory GiB", "GPUs"):
+        nodes.add_column(column, justify="right" if column in ("node", "CPU %", "GPUs") else "left")
+    gpus = Table(title="GPUs", title_justify="left")
+    for column in ("node", "GPU", "device", "util %", "memory GiB", "power W", "temp °C"):
+        gpus.add_column(column, justify="left" if column == "device" else "right")
+
+    cache = scraper.latest
+    results = last.results if last is not None else {}
+    for node in sorted(set(cache) | set(results)):
+        result = results.get(node)
+        cached = cache.get(node)
+        status = "ok"
+        if result is not None and result.sample is None:
+            status = f"{result.kind}: {result.error}"
+        if cached is None:
+            nodes.add_row(str(node), result.target.host if result else "", status, "", "", "")
+            continue
+        sample = cached.sample
+        nodes.add_row(
+            str(node),
+            cached.target.host,
+            status,
+            _num(sample.cpu_utilization, "{:.0f}"),
+            _pair(sample.memory_used_bytes, sample.memory_total_bytes, GIB),
+            str(len(sample.gpus)),
+        )
+        for gpu in sample.gpus.values():
+            gpus.add_row(
+                str(node),
+                gpu.label,
+                gpu.device,
+                _num(gpu.utilization, "{:.0f}"),
+                _pair(gpu.memory_used_mib, gpu.memory_total_mib, 1024),
+                _num(gpu.power_w, "{:.0f}"),
+                _num(gpu.temperature_c, "{:.0f}"),
+            )
+    return Group(nodes, gpus) if gpus.row_count else nodes
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _pair(used: float | None, total: float | None, unit: float) -> str:
+    if used is None:
+        return "-"
+    if total is None:
+        return f"{used / unit:.1f}"
+    return f"{used / unit:.1f} / {total / unit:.1f}"

@@ -1,0 +1,147 @@
+"""A real OTLP metrics receiver on 127.0.0.1 (HTTP and gRPC) that decodes what it gets with the
+official ``opentelemetry-proto`` messages, for tests that check what a collector would see."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import zlib
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+
+
+@dataclass
+class Received:
+    request: ExportMetricsServiceRequest
+    headers: dict[str, str]
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self._cond = threading.Condition()
+
+    def add(self, request: ExportMetricsServiceRequest, headers: dict[str, str]) -> None:
+        with self._cond:
+            self.received.append(Received(request, headers))
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.received) >= count, timeout)
+
+    def points(self) -> Iterator[tuple[dict[str, Any], str, Any, Any]]:
+        """Every data point received: (resource attributes, metric name, metric, point)."""
+        for item in self.received:
+            for rm in item.request.resource_metrics:
+                resource = attributes_of(rm.resource.attributes)
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        kind = metric.WhichOneof("data")
+                        for point in getattr(metric, kind).data_points:
+                            yield resource, metric.name, metric, point
+
+    def last_point(self, name: str) -> Any:
+        """The last data point received for the metric ``name`` (raises if none)."""
+        found = [p for _, n, _, p in self.points() if n == name]
+        if not found:
+            raise AssertionError(f"no data point for {name!r}; got {sorted(self.names())}")
+        return max(found, key=lambda p: p.time_unix_nano)
+
+    def names(self) -> set[str]:
+        return {n for _, n, _, _ in self.points()}
+
+
+class OtlpHttpReceiver(_Store):
+    """``POST /v1/metrics`` with ``application/x-protobuf`` (gzip/deflate accepted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        store = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                encoding = self.headers.get("Content-Encoding", "")
+                if encoding == "gzip":
+                    body = gzip.decompress(body)
+                elif encoding == "deflate":
+                    body = zlib.decompress(body)
+                if self.path != "/v1/metrics":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                request = ExportMetricsServiceRequest()
+                request.ParseFromString(body)
+                store.add(request, {k.lower(): v for k, v in self.headers.items()})
+                reply = ExportMetricsServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class OtlpGrpcReceiver(_Store):
+    """The OTLP ``MetricsService/Export`` gRPC method on 127.0.0.1, without TLS."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+
+        store = self
+
+        class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request: Any, context: Any) -> ExportMetricsServiceResponse:
+                store.add(request, {k: v for k, v in context.invocation_metadata()})
+                return ExportMetricsServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.server.start()
+
+    def close(self) -> None:
+        self.server.stop(grace=None)
+
+
+def attributes_of(key_values: Any) -> dict[str, Any]:
+    """OTLP ``KeyValue`` list → plain dict."""
+    out: dict[str, Any] = {}
+    for kv in key_values:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        out[kv.key] = getattr(value, kind) if kind else None
+    return out
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

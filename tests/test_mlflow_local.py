@@ -1,0 +1,166 @@
+"""MLflow without a server: name mapping against MLflow's own validator, the default local SQLite
+store under ``log_dir``, and the file store, where a name can't be both a metric and a folder."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from otel_rl.exporters.mlflow import is_file_store, run_status
+from otel_rl.exporters.mlflow_names import MAX_NAME_LENGTH, NameMap, sanitize
+
+from otel_rl import Logger
+
+pytest.importorskip("mlflow")
+
+
+@pytest.fixture(autouse=True)
+def _no_mlflow_env(monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME",
+                 "MLFLOW_EXPERIMENT_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+def mlflow_accepts(name: str) -> bool:
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_metric_name, _validate_param_name
+
+    try:
+        _validate_metric_name(name)
+        _validate_param_name(name)
+    except MlflowException:
+        return False
+    return len(name) <= MAX_NAME_LENGTH
+
+
+@pytest.mark.parametrize(
+    ("key", "name"),
+    [
+        ("train/loss", "train/loss"),
+        ("Reward Mean.x-y_z", "Reward Mean.x-y_z"),
+        ("a//b", "a/b"),
+        ("/lead/", "lead"),
+        ("a/./b/../c", "a/_/b/__/c"),
+        ("loss{rank=0,gpu=1}", "loss_rank_0_gpu_1_"),
+        ("time:step", "time_step"),
+        ("", "_"),
+        ("ü/métrique", "ü/métrique"),
+    ],
+)
+def test_sanitize(key, name):
+    assert sanitize(key) == name
+    assert mlflow_accepts(name)
+
+
+def test_long_keys_are_cut_with_a_hash_that_tells_them_apart():
+    a, b = "k" * 300 + "a", "k" * 300 + "b"
+    assert len(sanitize(a)) == MAX_NAME_LENGTH and mlflow_accepts(sanitize(a))
+    assert sanitize(a) != sanitize(b)
+    assert sanitize(a) == sanitize(a)  # deterministic: the same name in every run
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=0, max_size=300))
+def test_every_key_maps_to_a_name_mlflow_accepts(key):
+    assert mlflow_accepts(sanitize(key))
+
+
+def test_two_keys_never_share_a_name():
+    names = NameMap("metric")
+    first, second = names("a{b}"), names("a_b_")
+    assert first == "a_b_" and second != first and mlflow_accepts(second)
+    assert names("a{b}") == first and names("a_b_") == second  # stable for the run
+    assert set(names.renamed) == {"a{b}", "a_b_"}
+
+
+def test_file_store_names_never_need_a_file_and_a_folder_of_one_name():
+    names = NameMap("metric", file_store=True)
+    assert names("timing/x") == "timing/x"
+    assert names("timing/x/total") == "timing/x.total"
+    other = NameMap("metric", file_store=True)
+    assert other("timing/x/total") == "timing/x/total"
+    assert other("timing/x") == "timing.x"
+    assert other("timing") not in ("timing", "timing/x/total")
+    server = NameMap("metric", file_store=False)
+    assert (server("timing/x"), server("timing/x/total")) == ("timing/x", "timing/x/total")
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [(0, "FINISHED"), (1, "FAILED"), (2, "FAILED"), (130, "KILLED"), (143, "KILLED"),
+     (137, "KILLED"), (-15, "KILLED")],
+)
+def test_run_status(code, status):
+    assert run_status(code) == status
+
+
+@pytest.mark.parametrize(
+    ("uri", "file"),
+    [("sqlite:///x.db", False), ("http://127.0.0.1:5000", False), ("databricks", False),
+     ("file:///tmp/mlruns", True), ("./mlruns", True), ("postgresql://h/db", False)],
+)
+def test_is_file_store(uri, file):
+    assert is_file_store(uri) is file
+
+
+def _history(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key),
+                                              key=lambda m: m.step)]
+
+
+@pytest.mark.slow
+def test_default_store_is_sqlite_under_log_dir(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    with Logger({"log_dir": "logs", "mlflow_enabled": True}) as logger:
+        logger.log_metrics({"loss": 0.5}, step=0)
+        logger.log_metrics({"loss": math.nan}, step=1)
+        logger.log_plot(plt.figure(figsize=(2, 2), dpi=30), step=1, name="fig")
+        exporter = next(e for e in logger.exporters if e.name == "mlflow")
+    plt.close("all")
+
+    db = tmp_path / "logs" / "mlflow" / "mlflow.db"
+    assert exporter.tracking_uri == f"sqlite:///{db.as_posix()}"
+    assert db.is_file()
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "mlflow.db").exists()
+    client = MlflowClient(tracking_uri=exporter.tracking_uri)
+    run = client.get_run(exporter.run_id)
+    assert run.info.status == "FINISHED"
+    loss = _history(client, exporter.run_id, "loss")
+    assert loss[0] == (0, 0.5) and loss[1][0] == 1 and math.isnan(loss[1][1])
+    plots = list((tmp_path / "logs" / "mlflow" / "artifacts").rglob("plots/fig/step_1.png"))
+    assert len(plots) == 1 and plots[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_file_store_keeps_a_metric_next_to_its_own_subfolder(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses it otherwise
+    uri = (tmp_path / "mlruns").as_uri()
+    cfg = {"log_dir": str(tmp_path / "logs"), "mlflow_enabled": True,
+           "mlflow": {"tracking_uri": uri}}
+    with Logger(cfg) as logger:
+        for step in range(3):
+            with logger.timer("x"):
+                pass
+            with logger.timer("x/total"):
+                pass
+            logger.log_metrics({"a": 1.0 * step, "a/b": 2.0 * step}, step=step)
+        exporter = next(e for e in logger.exporters if e.name == "mlflow")
+
+    client = MlflowClient(tracking_uri=uri)
+    metrics = set(client.get_run(exporter.run_id).data.metrics)
+    assert metrics == {"timing/x", "timing/x.total", "a", "a.b"}
+    assert [s for s, _ in _history(client, exporter.run_id, "timing/x.total")] == [0, 1, 2]
+    assert _history(client, exporter.run_id, "a.b") == [(0, 0.0), (1, 2.0), (2, 4.0)]
+    assert exporter.stats["rejected"] == 0

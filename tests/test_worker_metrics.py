@@ -1,0 +1,108 @@
+"""WorkerMetrics: per-step accumulation, timers, plain OTel meters, picklable delta snapshots."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+
+import pytest
+
+import otel_rl
+from otel_rl.distributed import ReductionConflictError, WorkerMetrics
+
+
+def test_exported_lazily_from_the_package():
+    assert otel_rl.WorkerMetrics is WorkerMetrics
+
+
+def test_record_accumulates_a_step_and_snapshot_is_a_delta():
+    worker = WorkerMetrics(rank=3, role="actor")
+    worker.record("loss", 2.0)
+    worker.record("loss", 4.0)
+    worker.record("tokens", 10, reduce="sum")
+    worker.record("tokens", 5, reduce="sum")
+    worker.record("acc", 1.0, weight=3)
+    worker.record("acc", 0.0, weight=1)
+    snap = worker.snapshot(step=7)
+    assert (snap["rank"], snap["role"], snap["step"], snap["format"]) == (3, "actor", 7, 1)
+    # (reduce, n, sum, weighted sum, weight, min, max, last, last time)
+    assert snap["scalars"]["loss"][:8] == (None, 2, 6.0, 6.0, 2.0, 2.0, 4.0, 4.0)
+    assert snap["scalars"]["tokens"][:8] == ("sum", 2, 15.0, 15.0, 2.0, 5.0, 10.0, 5.0)
+    assert snap["scalars"]["acc"][:8] == (None, 2, 1.0, 3.0, 4.0, 0.0, 1.0, 0.0)
+    # the next snapshot holds only what came after
+    worker.record("loss", 1.0)
+    assert set(worker.snapshot()["scalars"]) == {"loss"}
+    assert worker.snapshot()["scalars"] == {}
+
+
+def test_timers_sum_within_a_snapshot_and_meters_are_plain_otel():
+    worker = WorkerMetrics(rank=0)
+    gen = worker.timer("generate")
+    for _ in range(3):
+        with gen:
+            time.sleep(0.01)
+
+    @worker.timer("decorated")
+    def work() -> int:
+        time.sleep(0.005)
+        return 42
+
+    assert work() == 42
+    lengths = worker.meter.create_histogram("lengths", explicit_bucket_boundaries_advisory=[10, 99])
+    for v in (5, 50, 500, 50):
+        lengths.record(v)
+    worker.meter.create_counter("samples").add(7)
+    worker.meter.create_gauge("queue").set(3.5)
+
+    snap = worker.snapshot()
+    total, count = snap["timings"]["timing/generate"]
+    assert count == 3 and total >= 0.03
+    assert snap["timings"]["timing/decorated"][1] == 1
+    assert snap["histograms"]["lengths"] == ((10, 99), (1, 2, 1), 4, 605, 5, 500)
+    assert snap["scalars"]["samples"][:3] == ("sum", 1, 7.0)
+    assert snap["scalars"]["queue"][:3] == (None, 1, 3.5)
+    # DELTA: nothing recorded since → nothing in the next snapshot
+    again = worker.snapshot()
+    assert again["timings"] == again["histograms"] == {}
+    assert "samples" not in again["scalars"]
+
+
+def test_snapshot_is_plain_picklable_data():
+    worker = WorkerMetrics(rank=1, role="critic")
+    worker.record("v", 1.5, reduce="max")
+    with worker.timer("t"):
+        pass
+    worker.meter.create_histogram("h", explicit_bucket_boundaries_advisory=[1.0]).record(0.5)
+    snap = worker.snapshot()
+    assert pickle.loads(pickle.dumps(snap)) == snap
+    allowed = (dict, tuple, list, str, int, float, type(None))
+
+    def walk(value):
+        assert isinstance(value, allowed), type(value)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(k)
+                walk(v)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                walk(v)
+
+    walk(snap)
+
+
+def test_nan_is_kept_and_conflicting_declarations_raise():
+    worker = WorkerMetrics()
+    worker.record("loss", 1.0, reduce="max")
+    worker.record("loss", math.nan)
+    worker.record("loss", 0.5)
+    entry = worker.snapshot()["scalars"]["loss"]
+    assert math.isnan(entry[5]) and math.isnan(entry[6])  # min and max stay NaN
+    worker.record("loss", 1.0)  # no reduce: keeps the declared "max"
+    assert worker.snapshot()["scalars"]["loss"][0] == "max"
+    with pytest.raises(ReductionConflictError, match=r"'loss'.*reduce='max'.*reduce='sum'"):
+        worker.record("loss", 1.0, reduce="sum")
+    with pytest.raises(ValueError, match="unknown reduction 'median'"):
+        worker.record("x", 1.0, reduce="median")
+    with pytest.raises(ValueError, match="weight must be >= 0"):
+        worker.record("x", 1.0, weight=-1)
