@@ -24,6 +24,8 @@ from otel_rl.spool import mark_done, spool_root, undelivered
 
 _log = logging.getLogger("otel_rl")
 
+KILLED_EXIT_CODE = 137
+
 
 @dataclass
 class ReplayResult:
@@ -75,7 +77,10 @@ def _replay_one(directory: Path, progress: bool, timeout: float) -> ReplayResult
         while not exporter.force_flush(timeout_millis=200) and time.monotonic() < deadline:
             advance(exporter.stats["delivered"])
     finally:
-        exporter.shutdown(timeout_millis=5_000, exit_code=int(meta.get("exit_code", 0)))
+        # A run that never reached finish() (no exit code saved) died: SIGKILL's 137 marks it
+        # killed in trackers that keep a status, never "finished".
+        exit_code = int(meta.get("exit_code", KILLED_EXIT_CODE))
+        exporter.shutdown(timeout_millis=5_000, exit_code=exit_code)
         # The worker delivers in submission order: the first N were written.
         delivered = min(exporter.stats["delivered"], len(sendable))
         advance(delivered, done=True)

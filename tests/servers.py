@@ -40,11 +40,14 @@ class MlflowServer:
         return self.log.read_text(errors="replace")
 
 
-def start_mlflow_server(workdir: Path, timeout: float = 90.0) -> MlflowServer:
-    """Start ``mlflow server`` on a free port and wait until ``/health`` answers."""
+def start_mlflow_server(
+    workdir: Path, timeout: float = 90.0, port: int | None = None
+) -> MlflowServer:
+    """Start ``mlflow server`` (on a free port unless given; its store in ``workdir``) and wait
+    until ``/health`` answers."""
     pytest.importorskip("mlflow.server", reason="the MLflow server needs the full mlflow package")
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     env = {
         **os.environ,
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # no job runner: starts in ~7 s
