@@ -143,7 +143,8 @@ class TrackerExporter(MetricExporter):
     # ---- training-thread side ----------------------------------------------------------------
 
     def submit(self, record: Any) -> None:
-        """Queue ``record`` for this tracker. Never blocks unless ``on_full='block'``."""
+        """Queue ``record`` for this tracker. Returns at once, unless ``on_full="block"`` and the
+        tracker is behind, or the spool cannot keep up with the disk (docs/reliability.md)."""
         self._delivery.submit(record)
 
     @property

@@ -125,7 +125,6 @@ class MlflowExporter(TrackerExporter):
         self._sent: weakref.WeakKeyDictionary[StepBatch, int] = weakref.WeakKeyDictionary()
         self._artifact_names: dict[str, set[str]] = {}
         super().__init__(**kwargs)
-        self.stats["backwards_steps"] = 0
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> MlflowExporter:

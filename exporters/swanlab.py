@@ -43,7 +43,6 @@ class SwanLabExporter(TrackerExporter):
         self.run: Any = None
         self._swanlab: Any = None
         super().__init__(**kwargs)
-        self.stats["backwards_steps"] = 0
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> SwanLabExporter:

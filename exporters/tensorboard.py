@@ -50,7 +50,6 @@ class TensorBoardExporter(TrackerExporter):
         self._hparams_state = "none"  # "none" -> "pending" -> "written"
         self._started = time.time()
         super().__init__(**kwargs)
-        self.stats["backwards_steps"] = 0
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> TensorBoardExporter:

@@ -35,7 +35,6 @@ class TrackioExporter(TrackerExporter):
         self._trackio: Any = None
         self._config_pending = False
         super().__init__(**kwargs)
-        self.stats["backwards_steps"] = 0
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> TrackioExporter:

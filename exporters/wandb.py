@@ -45,7 +45,6 @@ class WandbExporter(TrackerExporter):
         self._wandb: Any = None
         self._axis_of: dict[str, str | None] = {}
         super().__init__(**kwargs)
-        self.stats["backwards_steps"] = 0
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> WandbExporter:
@@ -138,6 +137,7 @@ class WandbExporter(TrackerExporter):
             self.run.define_metric(key)
         else:
             self.run.define_metric(key, step_metric=step_metric)
+
     def _convert(self, key: str, value: RowValue) -> Any:
         if isinstance(value, HistogramValue):
             layout = histogram_edges(value)

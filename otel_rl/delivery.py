@@ -84,7 +84,7 @@ class Delivery:
         self.exit_code = 0
         self.stats = {
             "submitted": 0, "delivered": 0, "dropped": 0, "rejected": 0, "retries": 0,
-            "spilled": 0, "waits": 0,
+            "spilled": 0, "waits": 0, "backwards_steps": 0,
         }  # fmt: skip
         self._threads = [threading.Thread(target=self._work, name=f"otel-rl-{name}", daemon=True)]
         if self.spool is not None:

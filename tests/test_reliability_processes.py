@@ -66,7 +66,7 @@ def test_mlflow_server_killed_for_10s_then_restarted(tmp_path):
                 os.killpg(os.getpgid(server.process.pid), signal.SIGKILL)
                 server.process.wait(10)
                 outage["down"] = time.monotonic()
-            if step == 599:  # 500 steps × 20 ms: more than 10 s down
+            if step == 599:  # 500 steps of 20 ms: more than 10 s down
                 outage["restarting"] = time.monotonic()
                 server = start_mlflow_server(workdir, port=port)
 
