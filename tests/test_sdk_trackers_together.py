@@ -1,5 +1,6 @@
-"""W&B, SwanLab, Trackio and JSONL enabled in one Logger run hold identical data, each read back
-with its own reader (W&B offline, SwanLab offline, Trackio's SQLite store, the JSONL file)."""
+"""Every tracker enabled in one Logger run holds identical data, each read back with its own
+reader: W&B offline, SwanLab offline, Trackio's SQLite store, MLflow's client on its local SQLite
+store, TensorBoard's EventAccumulator, and the JSONL file."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import math
 import uuid
 from typing import Any
 
+import numpy as np
 import pytest
 
 from otel_rl import Logger
 from otel_rl.records import StepBatch
-from tests.readers import jsonl_rows
+from tests.readers import jsonl_rows, tensorboard_accumulator
 from tests.tracker_readers import (
     read_swanlab,
     read_trackio,
@@ -62,6 +64,9 @@ def test_identical_rows_in_every_tracker(monkeypatch, tmp_path):
         "swanlab": {"project": project, "name": "together", "mode": "offline"},
         "trackio_enabled": True,
         "trackio": {"project": project, "name": "together", "auto_log_cpu": False},
+        "tensorboard_enabled": True,
+        "mlflow_enabled": True,
+        "mlflow": {"experiment_name": project, "run_name": "together"},
     }
     with Logger(cfg) as logger:
         logger.log_hyperparams({"optimizer": {"lr": 1e-5}, "group_size": 8, "algo": "grpo"})
@@ -88,7 +93,7 @@ def test_identical_rows_in_every_tracker(monkeypatch, tmp_path):
                     exporter.submit(gpu)
         exporters = {e.name: e for e in logger.exporters}
     assert {n: e.stats["delivered"] for n, e in exporters.items()} == {
-        "jsonl": 8, "wandb": 8, "swanlab": 8, "trackio": 8
+        "jsonl": 8, "wandb": 8, "swanlab": 8, "trackio": 8, "tensorboard": 8, "mlflow": 8
     }  # 5 steps + 2 GPU rows + hyperparams
 
     # JSONL is the reference: what the Logger handed every tracker.
@@ -136,3 +141,32 @@ def test_identical_rows_in_every_tracker(monkeypatch, tmp_path):
     assert _rows([p for p in tk if "ray/ray_step" not in p[1]]) == training
     assert _rows([p for p in tk if "ray/ray_step" in p[1]]) == gpu_rows
     assert tk_config == config
+
+    # TensorBoard: scalars as float32, text through the text plugin; GPU rows at their seconds.
+    acc = tensorboard_accumulator(log_dir / "tensorboard")
+    tb = {tag: {float(e.step): e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    for step, row in {**training, **gpu_rows}.items():
+        for key, value in row.items():
+            if key == "ray/ray_step":
+                continue
+            if value == "nan":
+                assert math.isnan(tb[key][step])
+            elif isinstance(value, float):
+                assert tb[key][step] == float(np.float32(value)), (key, step)
+            else:
+                (text,) = [e for e in acc.Tensors(key) if e.step == step]
+                assert text.tensor_proto.string_val[0].decode() == value
+
+    # MLflow: every number at its step (NaN stays NaN), from its own client.
+    from mlflow.tracking import MlflowClient
+
+    mlflow_exporter = exporters["mlflow"]
+    client = MlflowClient(mlflow_exporter.tracking_uri)
+    for step, row in training.items():
+        for key, value in row.items():
+            if not isinstance(value, float) and value != "nan":
+                continue  # text goes to artifacts (tests/test_mlflow.py)
+            history = {m.step: m.value for m in client.get_metric_history(
+                mlflow_exporter.run_id, key)}
+            assert _same(history[int(step)]) == value, (key, step)
+    assert client.get_run(mlflow_exporter.run_id).data.params["optimizer.lr"] == "1e-05"
