@@ -11,6 +11,7 @@ and the ratio. Nothing here asserts a speed: the numbers are for people to read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import platform
@@ -19,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: Benchmark modules, each with ``run(quick: bool) -> dict | list``.
+#: Benchmark modules, each with ``run(quick: bool) -> dict | list`` and optionally
+#: ``prepare(quick: bool)``, called for all of them first (e.g. to boot a server in the background).
 BENCHMARKS = ("training_thread", "slow_tracker", "scaling", "gpu_scrape", "merge", "artifact_dump")
 
 
@@ -36,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
     }
     failed = 0
+    for name in names:
+        # A module may start slow set-up (a server) early, to overlap with other benchmarks.
+        with contextlib.suppress(ImportError):
+            prepare = getattr(importlib.import_module(f"benchmarks.{name}"), "prepare", None)
+            if prepare is not None:
+                prepare(quick=args.quick)
     for name in names:
         started = time.monotonic()
         try:

@@ -89,22 +89,17 @@ def run_ours(directory: Path, data: dict[str, Any], engine: str) -> tuple[float,
     return returned, on_disk
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
-
+def measure(batch: int, tokens: int, rounds: int) -> dict[str, Any]:
+    """Ours (orjson when installed, and the json fallback) and the sync writer, alternated."""
     from otel_rl.artifacts import JSON_ENGINE
 
-    data = make_batch(args.batch, args.tokens)
+    data = make_batch(batch, tokens)
     results: dict[str, list[float]] = {k: [] for k in (
         "ours_return_orjson", "ours_on_disk_orjson", "ours_return_json", "ours_on_disk_json",
-        "sync_json")}
+        "sync_json")}  # fmt: skip
     rates: list[float] = []
     size_mb = 0.0
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             if JSON_ENGINE == "orjson":
@@ -119,21 +114,32 @@ def main(argv: list[str] | None = None) -> None:
             results["sync_json"].append(time.perf_counter() - start)
             size_mb = (root / "sync.jsonl").stat().st_size / 1e6
             rates.append(work_rate_during_dump(root / "c", data))
-
-    print(f"batch {args.batch} x {args.tokens} tokens, {size_mb:.0f} MB of JSON, "
-          f"median of {args.rounds} rounds (seconds):")
+    row: dict[str, Any] = {"batch": batch, "tokens": tokens, "json_mb": round(size_mb)}
     for name, values in results.items():
         if values:
-            print(f"  {name:<22} {statistics.median(values):8.3f}")
+            row[f"{name}_s"] = round(statistics.median(values), 3)
     sync = statistics.median(results["sync_json"])
     for engine in ("orjson", "json"):
         values = results[f"ours_return_{engine}"]
         if values:
-            ret = statistics.median(values)
-            print(f"  training thread blocked, sync json / ours ({engine}): "
-                  f"{sync / ret:,.0f}x less")
-    print(f"  caller's Python work rate while the dump is written ({JSON_ENGINE}): "
-          f"{statistics.median(rates):.0%} of idle")
+            row[f"ratio_blocked_{engine}"] = round(sync / statistics.median(values))
+    row[f"caller_work_rate_{JSON_ENGINE}"] = f"{statistics.median(rates):.0%}"
+    return row
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    return measure(64, 512, 1) if quick else measure(1024, 4096, 3)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"batch {args.batch} x {args.tokens} tokens, median of {args.rounds} rounds (seconds)")
+    for key, value in measure(args.batch, args.tokens, args.rounds).items():
+        print(f"  {key:<24} {value}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
-"""Wall time of one GPU collection over 64 simulated Ray nodes: RayNodeScraper vs a serial scrape.
+"""Wall time of one GPU collection over 8, 64 and 256 simulated Ray nodes: ours vs a serial scrape.
 
 The nodes serve the 8 x H100 fixture with values varied per node (tests/gpu_nodes.py) from a
 separate process, so the servers do not share the client's interpreter. Baseline, measured in the
 same run and alternated with ours: NeMo RL's way, one node after another with
 ``requests.get(url, timeout=5)`` and the whole page parsed by ``prometheus_client.parser``.
 
-Scenarios: 64 healthy nodes with the fixture page (40 KB); 64 healthy nodes with a page of real
-size (the fixture plus the ~900 other series of the real CPU-node capture, ~330 KB); 64 nodes of
-which one hangs, one refuses connections and one returns malformed text; and real-size pages
-answered after 30 ms, the time a local Ray 2.60 node takes to render its page. Timeout 5 s.
+Scenarios in ``python -m benchmarks``: 8, 64 and 256 healthy nodes serving a page of real size
+(the fixture plus the ~900 other series of the real CPU-node capture, ~240 KB) answered after
+30 ms, the time a local Ray 2.60 node takes to render its page; 64 healthy nodes with the bare
+fixture page (40 KB) answered at once; 64 nodes of which one hangs, one refuses connections and
+one returns malformed text. Timeout 5 s per node. The nodes are all on this machine, so both
+sides share its 2 cores with the servers: parsing, not the network, bounds ours.
 
-    python -m benchmarks.gpu_scrape [--nodes 64] [--rounds 3]
+    python -m benchmarks.gpu_scrape [--nodes 64] [--rounds 3]   # the four scenarios at one size
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def parallel_ours(urls: list[str]) -> tuple[float, int]:
 
 def scenario(
     name: str, nodes: int, rounds: int, big: bool, failures: bool, delay: float = 0.0
-) -> None:
+) -> dict[str, Any]:
+    """Ours and the serial scrape alternated ``rounds`` times; medians of the wall times."""
     pages = _pages(nodes, big, failures)
     size = statistics.mean(len(body) for body, mode in pages if mode == "ok")
     parent, child = mp.Pipe()
@@ -95,19 +98,46 @@ def scenario(
     try:
         urls = parent.recv()
         ours, serial = [], []
-        for _ in range(rounds):
-            wall, gpus_ours = parallel_ours(urls)
-            ours.append(wall)
-            wall, gpus_serial = serial_nemo_style(urls)
-            serial.append(wall)
-        ours_s, serial_s = statistics.median(ours), statistics.median(serial)
-        print(
-            f"{name:<42} page {size / 1024:6.1f} KB | ours {ours_s:7.3f} s ({gpus_ours} GPUs) | "
-            f"serial {serial_s:7.3f} s ({gpus_serial} GPUs) | {serial_s / ours_s:6.1f}x"
-        )
+        for r in range(rounds):
+            order = (parallel_ours, serial_nemo_style)
+            for fn in order if r % 2 == 0 else reversed(order):
+                wall, gpus = fn(urls)
+                if fn is parallel_ours:
+                    ours.append(wall)
+                    gpus_ours = gpus
+                else:
+                    serial.append(wall)
+                    gpus_serial = gpus
     finally:
         parent.send("done")
         server.join(15)
+    ours_s, serial_s = statistics.median(ours), statistics.median(serial)
+    return {
+        "scenario": name,
+        "nodes": nodes,
+        "page_kb": round(size / 1024, 1),
+        "ours_s": round(ours_s, 3),
+        "ours_gpus": gpus_ours,
+        "serial_s": round(serial_s, 3),
+        "serial_gpus": gpus_serial,
+        "ratio": round(serial_s / ours_s, 1),
+    }
+
+
+# A real Ray 2.60 node takes ~30 ms to render its page (measured on a local node).
+RENDER_S = 0.03
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    if quick:  # small fixture pages, no render time, no hanging node (which costs the timeout)
+        return [scenario("healthy, fixture page", 8, 1, big=False, failures=False)]
+    rows = [
+        scenario("healthy, real-size page, 30 ms render", nodes, rounds, True, False, RENDER_S)
+        for nodes, rounds in ((8, 3), (64, 3), (256, 2))
+    ]
+    rows.append(scenario("healthy, fixture page, no render time", 64, 3, False, False))
+    rows.append(scenario("1 hanging, 1 refusing, 1 malformed", 64, 1, False, True))
+    return rows
 
 
 def main() -> None:
@@ -116,11 +146,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     print(f"{args.nodes} nodes, timeout {TIMEOUT:g} s per node, median of {args.rounds} rounds")
-    scenario("healthy, fixture page", args.nodes, args.rounds, big=False, failures=False)
-    scenario("healthy, real-size page", args.nodes, args.rounds, big=True, failures=False)
-    # A real Ray 2.60 node takes ~30 ms to render its page (measured on a local node).
-    scenario("healthy, real-size page, 30 ms render", args.nodes, args.rounds, True, False, 0.03)
-    scenario("1 hanging, 1 refusing, 1 malformed", args.nodes, args.rounds, False, True)
+    for row in (
+        scenario("healthy, fixture page", args.nodes, args.rounds, big=False, failures=False),
+        scenario("healthy, real-size page", args.nodes, args.rounds, big=True, failures=False),
+        scenario("healthy, real-size page, 30 ms render", args.nodes, args.rounds, True, False,
+                 RENDER_S),
+        scenario("1 hanging, 1 refusing, 1 malformed", args.nodes, args.rounds, False, True),
+    ):  # fmt: skip
+        print(
+            f"{row['scenario']:<42} page {row['page_kb']:6.1f} KB | ours {row['ours_s']:7.3f} s "
+            f"({row['ours_gpus']} GPUs) | serial {row['serial_s']:7.3f} s "
+            f"({row['serial_gpus']} GPUs) | {row['ratio']:6.1f}x"
+        )
 
 
 if __name__ == "__main__":

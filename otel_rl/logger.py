@@ -358,11 +358,13 @@ class Logger:
         last = max(seen) if seen else None
         if last is not None and step < last and step != self._pending_step:
             self.stats["backwards_steps"] += 1
-            self._report(
-                "<step>",
-                f"step went backwards ({last} -> {step}); the rows are still sent: see "
-                "docs/configuration.md for what each tracker does with them",
-            )
+            if self.stats["backwards_steps"] == 1 or self._strict:
+                self._report(
+                    "<step>",
+                    f"step went backwards ({last} -> {step}); the rows are still sent (see "
+                    "docs/backends/README.md for what each tracker does with them); further "
+                    "backwards steps are only counted in logger.stats['backwards_steps']",
+                )
         return step
 
     def _seal(self, final: bool = False) -> None:

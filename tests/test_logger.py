@@ -212,3 +212,15 @@ def test_batches_reaching_exporters_are_immutable_snapshots(log_dir):
         metrics_dict["a"] = 2.0  # the caller reuses its dict
         logger.log_metrics(metrics_dict, step=1)
     assert [(b.step, dict(b.rows)) for b in seen] == [(0, {"a": 1.0}), (1, {"a": 2.0})]
+
+
+def test_backwards_steps_warn_once_then_count(log_dir, otel_rl_warnings):
+    with Logger({"log_dir": str(log_dir)}) as logger:
+        for step in (5, 1, 6, 2, 7, 3):
+            logger.log_metrics({"x": step}, step=step)
+        assert logger.stats["backwards_steps"] == 3
+    warnings = [r.getMessage() for r in otel_rl_warnings.records]
+    assert sum("went backwards (5 -> 1)" in m for m in warnings) == 1  # the Logger, once
+    assert sum("jsonl: step went backwards" in m for m in warnings) == 1  # each tracker, once
+    assert sum("went backwards" in m for m in warnings) == 2
+    assert [r["step"] for r in jsonl_rows(log_dir / "metrics.jsonl")] == [5, 1, 6, 2, 7, 3]
