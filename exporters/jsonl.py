@@ -35,16 +35,21 @@ class JsonlExporter(TrackerExporter):
         path = cfg["jsonl"].get("path") or Path(cfg["log_dir"]) / "metrics.jsonl"
         return cls(path, **kwargs)
 
+    def format_line(self, batch: StepBatch) -> bytes | None:
+        """One JSON line for ``batch`` (``None`` skips it); subclasses change the layout."""
+        return _line(batch).encode("utf-8")
+
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = self.path.open("ab")
 
     def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
         self.write_batches([batch])
 
     def write_batches(self, batches: Sequence[StepBatch]) -> None:
-        # One write call per batch of lines: a crash leaves whole lines, not half a row.
-        self._file.write("".join(_line(batch) for batch in batches))
+        lines = [line for line in map(self.format_line, batches) if line is not None]
+        if lines:  # one write call per backlog: a crash leaves whole lines, not half a row
+            self._file.write(b"".join(lines))
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         path = self.path.with_name("hyperparams.json")

@@ -4,7 +4,9 @@
   ``FileLogger`` writes it. The file is opened for appending: a resumed or repeated run adds to
   it and never truncates it (verl opens it with ``"wb"``). Non-finite numbers are written as
   ``null`` (orjson's spelling, which both ``json`` and ``orjson`` read); histograms as their
-  ``count, sum, mean, min, max``.
+  ``count, sum, mean, min, max``. Built on the JSONL exporter, so hyperparameters, plots and
+  tables land beside the file as they do for ``jsonl`` (``hyperparams.json``, ``plots/``,
+  ``tables.jsonl``).
 - ``console``: verl's ``LocalLogger`` line, ``step:N - key:value - ...`` (numbers only), on stdout.
 """
 
@@ -12,46 +14,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pprint
 import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, ClassVar, TextIO
 
 from otel_rl.exporters.base import TrackerExporter
+from otel_rl.exporters.jsonl import JsonlExporter
 from otel_rl.records import HistogramValue, RowValue, StepBatch
 
 
-class VerlFileExporter(TrackerExporter):
+class VerlFileExporter(JsonlExporter):
+    """otel-rl's JSONL exporter writing verl's line layout (training rows only)."""
+
     name: ClassVar[str] = "file"
-    max_batch: ClassVar[int] = 256
 
-    def __init__(self, path: str | os.PathLike, **kwargs: Any) -> None:
-        self.path = Path(path)
-        self._file: Any = None
-        super().__init__(**kwargs)
-
-    def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab")  # noqa: SIM115 (closed in close())
-
-    def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
-        self.write_batches([batch])
-
-    def write_batches(self, batches: Sequence[StepBatch]) -> None:
-        lines = [_line(b) for b in batches if b.axis is None]
-        if lines:  # one write per backlog: a crash leaves whole lines
-            self._file.write(b"".join(lines))
-
-    def flush_backend(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-
-    def close(self, exit_code: int) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def format_line(self, batch: StepBatch) -> bytes | None:
+        return _line(batch) if batch.axis is None else None
 
 
 def _line(batch: StepBatch) -> bytes:
