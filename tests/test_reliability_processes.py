@@ -189,6 +189,15 @@ while True:
 '''
 
 
+def _spooled_mlflow_run_id(log_dir) -> str | None:
+    for path in (log_dir / ".otel-rl" / "spool" / "mlflow").glob("*/meta.json"):
+        try:
+            return json.loads(path.read_text())["resume"]["mlflow"]["run_id"]
+        except (ValueError, KeyError):
+            return None
+    return None
+
+
 def test_sigkilled_run_is_completed_by_replay_in_tensorboard_and_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -201,16 +210,18 @@ def test_sigkilled_run_is_completed_by_replay_in_tensorboard_and_mlflow(tmp_path
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         returned: list[tuple[int, float]] = []
         started = time.monotonic()
-        while time.monotonic() - started < 4.0:
+        run_id = None
+        # Kill once the MLflow run exists (its id is in the spool's meta) and 4 s have passed.
+        while run_id is None or time.monotonic() - started < 4.0:
             step, at = child.stdout.readline().split()
             returned.append((int(step), float(at)))
+            if run_id is None and len(returned) % 50 == 0:
+                run_id = _spooled_mlflow_run_id(log_dir)
+            assert time.monotonic() - started < 60, "the MLflow run was never opened"
         child.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         child.wait(10)
 
-        meta = json.loads(next((log_dir / ".otel-rl" / "spool" / "mlflow").glob("*/meta.json"))
-                          .read_text())
-        run_id = meta["resume"]["mlflow"]["run_id"]
         client = MlflowClient(server.url)
         before = {m.step for m in client.get_metric_history(run_id, "train/k7")}
         must_have = {s for s, at in returned if killed_at - at > 0.2 + 0.3}
