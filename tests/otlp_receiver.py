@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,43 +60,58 @@ class _Store:
         return {n for _, n, _, _ in self.points()}
 
 
+def serve_otlp_http(
+    path: str,
+    request_type: Any,
+    response_type: Any,
+    on_request: Callable[[Any, dict[str, str]], None],
+    accepted_paths: tuple[str, ...] = (),
+) -> ThreadingHTTPServer:
+    """An OTLP/HTTP endpoint on 127.0.0.1 (a free port): ``POST <path>`` bodies (gzip/deflate
+    accepted) are decoded as ``request_type`` and passed to ``on_request(request, headers)``;
+    ``accepted_paths`` answer 200 and are ignored, anything else 404."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            encoding = self.headers.get("Content-Encoding", "")
+            if encoding == "gzip":
+                body = gzip.decompress(body)
+            elif encoding == "deflate":
+                body = zlib.decompress(body)
+            if self.path != path:
+                self.send_response(200 if self.path in accepted_paths else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            request = request_type()
+            request.ParseFromString(body)
+            on_request(request, {k.lower(): v for k, v in self.headers.items()})
+            reply = response_type().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 class OtlpHttpReceiver(_Store):
     """``POST /v1/metrics`` with ``application/x-protobuf`` (gzip/deflate accepted)."""
 
     def __init__(self) -> None:
         super().__init__()
-        store = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                encoding = self.headers.get("Content-Encoding", "")
-                if encoding == "gzip":
-                    body = gzip.decompress(body)
-                elif encoding == "deflate":
-                    body = zlib.decompress(body)
-                if self.path != "/v1/metrics":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                request = ExportMetricsServiceRequest()
-                request.ParseFromString(body)
-                store.add(request, {k.lower(): v for k, v in self.headers.items()})
-                reply = ExportMetricsServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_otlp_http(
+            "/v1/metrics", ExportMetricsServiceRequest, ExportMetricsServiceResponse, self.add
+        )
         self.port = self.server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
 
     def close(self) -> None:
         self.server.shutdown()

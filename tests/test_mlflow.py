@@ -6,7 +6,6 @@ step, params, artifacts, run status. Tests without a server use MLflow's own loc
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sys
@@ -23,6 +22,7 @@ from otel_rl.exporters.tensorboard_summaries import png_size
 from otel_rl import Logger
 from otel_rl.errors import ConfigError
 from tests import servers
+from tests.figures import line_figure, rendered_png
 from tests.servers import MlflowServer
 
 mlflow_server = servers.mlflow_server  # the session's one shared server (fixture)
@@ -273,28 +273,11 @@ def test_changed_param_on_resume_is_refused_alone(mlflow_server, log_dir, otel_r
 # ---- artifacts -------------------------------------------------------------------------------
 
 
-def _figure(points: list[float]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure = plt.figure(figsize=(3, 2), dpi=50)
-    plt.plot(points)
-    return figure
-
-
-def _png(figure: Any) -> bytes:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", bbox_inches="tight")
-    return buffer.getvalue()
-
-
 def test_plots_are_stored_per_step_and_never_overwritten(mlflow_server, log_dir, tmp_path):
     import matplotlib.pyplot as plt
 
-    figures = {1: _figure([1, 2, 3]), 2: _figure([3, 1, 2])}
-    again = _figure([0, 0, 1])
+    figures = {1: line_figure([1, 2, 3]), 2: line_figure([3, 1, 2])}
+    again = line_figure([0, 0, 1])
     with Logger(config(mlflow_server, log_dir)) as logger:
         logger.log_plot(figures[1], step=1, name="rollouts/reward curve")
         logger.log_plot(figures[2], step=2, name="rollouts/reward curve")
@@ -309,8 +292,8 @@ def test_plots_are_stored_per_step_and_never_overwritten(mlflow_server, log_dir,
     for path, figure in [("step_1.png", figures[1]), ("step_2.png", figures[2]),
                          ("step_2_1.png", again)]:
         stored = download(client, exporter.run_id, f"{folder}/{path}", tmp_path)
-        assert stored == _png(figure), path  # the exact PNG the Logger rendered
-        assert png_size(stored)[:2] == png_size(_png(figure))[:2]
+        assert stored == rendered_png(figure), path  # the exact PNG the Logger rendered
+        assert png_size(stored)[:2] == png_size(rendered_png(figure))[:2]
     plt.close("all")
 
 

@@ -4,7 +4,6 @@ multiplexer, and EventAccumulator for images, text and histograms."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from otel_rl import Logger
+from tests.figures import line_figure, rendered_png
 from tests.readers import tensorboard_accumulator
 
 pytest.importorskip("tensorboard")
@@ -120,27 +120,10 @@ def test_hparams_after_the_first_step_go_to_the_text_tab(log_dir, otel_rl_warnin
     assert any("HPARAMS tab keeps" in r.getMessage() for r in otel_rl_warnings.records)
 
 
-def _figure(points: list[float]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure = plt.figure(figsize=(3, 2), dpi=40)
-    plt.plot(points)
-    return figure
-
-
-def _png(figure: Any) -> bytes:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", bbox_inches="tight")
-    return buffer.getvalue()
-
-
 def test_plots_are_images_at_their_steps(log_dir):
     import matplotlib.pyplot as plt
 
-    figures = {2: _figure([1, 3, 2]), 5: _figure([2, 2, 0])}
+    figures = {2: line_figure([1, 3, 2]), 5: line_figure([2, 2, 0])}
     cfg = {"log_dir": str(log_dir), "tensorboard_enabled": True, "jsonl_enabled": False}
     with Logger(cfg) as logger:
         for step, figure in figures.items():
@@ -149,7 +132,7 @@ def test_plots_are_images_at_their_steps(log_dir):
     images = tensorboard_accumulator(log_dir / "tensorboard").Images("rollouts/reward")
     assert [e.step for e in images] == [2, 5]
     for event, (_, figure) in zip(images, sorted(figures.items()), strict=True):
-        png = _png(figure)
+        png = rendered_png(figure)
         assert event.encoded_image_string == png
         width, height = figure.canvas.get_width_height()
         assert 0 < event.width <= width + 40 and 0 < event.height <= height + 40
