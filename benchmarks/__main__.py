@@ -22,7 +22,10 @@ from typing import Any
 
 #: Benchmark modules, each with ``run(quick: bool) -> dict | list`` and optionally
 #: ``prepare(quick: bool)``, called for all of them first (e.g. to boot a server in the background).
-BENCHMARKS = ("training_thread", "slow_tracker", "scaling", "gpu_scrape", "merge", "artifact_dump")
+BENCHMARKS = (
+    "training_thread", "slow_tracker", "scaling", "gpu_scrape", "merge", "artifact_dump",
+    "spool_drain",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,10 @@ other trackers never wait for it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -26,15 +28,16 @@ from opentelemetry.sdk.metrics.export import (
 )
 from otel_rl.exporters.step_order import StepOrder
 
-from otel_rl.delivery import Delivery, RowRejected
-from otel_rl.records import Hyperparams, RowValue, StepBatch
+from otel_rl.delivery import Delivery, ExportOptions, PartialWrite, TrackerHooks, TrackerWriter
+from otel_rl.failures import Failure, RowRejected, classify
+from otel_rl.records import RowValue, StepBatch
 from otel_rl.step_reader import STEP_TEMPORALITY
 
 _log = logging.getLogger("otel_rl")
 
 __all__ = ["RowRejected", "TrackerExporter"]
 
-Record = Any  # StepBatch | Hyperparams | anything with ``deliver_to(exporter)``
+Record = Any  # StepBatch | anything with ``deliver_to(exporter)`` (otel_rl.records)
 
 
 class TrackerExporter(MetricExporter):
@@ -59,11 +62,11 @@ class TrackerExporter(MetricExporter):
     def __init__(
         self,
         *,
-        queue_size: int = 10_000,
-        on_full: str = "spool",
-        retry_max_backoff: float = 10.0,
+        queue_size: int | None = None,
+        on_full: str | None = None,
+        retry_max_backoff: float | None = None,
         spool_dir: str | os.PathLike | None = None,
-        fsync_interval: float = 1.0,
+        fsync_interval: float | None = None,
         spool_meta: Mapping[str, Any] | None = None,
         time_axis: str = "otel_rl/elapsed_s",
         step_gauge: str | None = None,
@@ -76,25 +79,74 @@ class TrackerExporter(MetricExporter):
         #: Config overrides that reopen this tracker's run later (``otel-rl replay``); set it in
         #: ``open()``, e.g. ``{"mlflow": {"run_id": run.info.run_id}}``.
         self.resume_config: dict[str, Any] = {}
+        # Options given here win over the ones a Logger attaches; the rest follow export.*.
+        given = {
+            "queue_size": queue_size, "on_full": on_full,
+            "retry_max_backoff": retry_max_backoff, "fsync_interval": fsync_interval,
+        }  # fmt: skip
+        self._given = {k: v for k, v in given.items() if v is not None}
+        self._options = ExportOptions(**self._given)
+        self._spool_dir = Path(spool_dir) if spool_dir is not None else None
         self._spool_meta = dict(spool_meta or {})
         self._order = StepOrder(repeat_is_backwards=self.repeat_is_backwards)
         self._noted: weakref.WeakSet[StepBatch] = weakref.WeakSet()
-        self._delivery = Delivery(
-            self.name,
+        self._delivery: Delivery | None = None
+        self._start_lock = threading.Lock()
+        #: Delivery counters: submitted, delivered, rejected, retries, spilled, dropped, ...
+        self.stats: dict[str, int] = {}
+        #: Records left undelivered by :meth:`shutdown` (in the spool when there is one).
+        self.undelivered = 0
+
+    def attach(
+        self,
+        options: ExportOptions | None = None,
+        *,
+        spool_dir: str | os.PathLike | None = None,
+        spool_meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Set how this exporter delivers (the run's ``export.*`` options, its spool folder and
+        the run's metadata) before :meth:`start`. A Logger attaches every exporter it is given."""
+        if self._delivery is not None:
+            raise RuntimeError(f"{self.name}: attach() after the exporter started")
+        if options is not None:
+            self._options = dataclasses.replace(options, **self._given)
+        if spool_dir is not None and self._spool_dir is None:
+            self._spool_dir = Path(spool_dir)
+            self._spool_meta = dict(spool_meta or {})
+
+    def start(self) -> None:
+        """Start the delivery threads (idempotent; the first :meth:`submit` starts them too)."""
+        with self._start_lock:
+            if self._delivery is not None:
+                return
+            self._delivery = Delivery(
+                self.name,
+                hooks=self._hooks(),
+                max_batch=self.max_batch,
+                options=self._options,
+                spool_dir=self._spool_dir,
+                stats=self.stats,
+                warn_once=self._warn_once,
+            )
+            self._write_spool_meta()
+
+    def writer(self) -> TrackerWriter:
+        """A writer that calls this tracker on the caller's thread (``otel-rl replay``)."""
+        return TrackerWriter(self.name, self._hooks(), self.stats, self._warn_once)
+
+    def _hooks(self) -> TrackerHooks:
+        return TrackerHooks(
             open=self._open_and_remember,
             deliver=self._deliver,
             flush=self.flush_backend,
             close=self.close,
-            max_batch=self.max_batch,
-            queue_size=queue_size,
-            on_full=on_full,
-            retry_max_backoff=retry_max_backoff,
-            spool_dir=spool_dir,
-            fsync_interval=fsync_interval,
-            warn_once=self._warn_once,
+            classify=self.classify_error,
+            position=self.write_position,
         )
-        self.stats = self._delivery.stats
-        self._write_spool_meta()
+
+    @property
+    def started(self) -> bool:
+        return self._delivery is not None
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **options: Any) -> TrackerExporter:
@@ -135,7 +187,24 @@ class TrackerExporter(MetricExporter):
         self._warn_once("no-table", "%s: tables are not supported; %r skipped", self.name, name)
 
     def flush_backend(self) -> None:
-        """Push buffered writes out (called when the queue runs empty)."""
+        """Push buffered writes out to the tracker (called when the queue runs empty and at
+        least every ``export.fsync_interval``): records count as delivered only after it."""
+
+    def write_position(self) -> Any:
+        """Where the tracker's output stands (JSON-able, e.g. a file size), noted in the spool
+        before each write. Return ``None`` (the default) if the tracker cannot tell."""
+        return None
+
+    def holds_since(self, position: Any) -> bool:
+        """``otel-rl replay``: whether a write that started at ``position`` reached the tracker
+        (the process was killed before marking it done). Implement it together with
+        :meth:`write_position`, and only where a write of a batch is all or nothing."""
+        return False
+
+    def classify_error(self, exc: BaseException, phase: str) -> Failure:
+        """Whether ``exc`` (raised in ``"open"`` or ``"write"``) is transient, permanent or
+        refuses one record; override to recognise the tracker's own errors."""
+        return classify(exc, phase, self.name)  # type: ignore[arg-type]
 
     def close(self, exit_code: int) -> None:
         """Finish the run in the tracker; ``exit_code != 0`` marks it failed where possible."""
@@ -145,17 +214,26 @@ class TrackerExporter(MetricExporter):
     def submit(self, record: Any) -> None:
         """Queue ``record`` for this tracker. Returns at once, unless ``on_full="block"`` and the
         tracker is behind, or the spool cannot keep up with the disk (docs/reliability.md)."""
-        self._delivery.submit(record)
+        delivery = self._delivery
+        if delivery is None:
+            self.start()
+            delivery = self._delivery
+        assert delivery is not None
+        delivery.submit(record)
 
     @property
     def pending(self) -> int:
         """Records submitted and not yet delivered."""
-        return self._delivery.pending
+        return self._delivery.pending if self._delivery is not None else 0
+
+    @property
+    def failure(self) -> Failure | None:
+        """The permanent error that stopped this tracker, if any."""
+        return self._delivery.failure if self._delivery is not None else None
 
     @property
     def spool_dir(self) -> Path | None:
-        spool = self._delivery.spool
-        return spool.dir if spool is not None else None
+        return self._spool_dir
 
     # ---- OTel MetricExporter API -------------------------------------------------------------
 
@@ -169,32 +247,58 @@ class TrackerExporter(MetricExporter):
 
     def force_flush(self, timeout_millis: float = 30_000) -> bool:
         """Wait until every queued record is written (or the timeout passes)."""
+        if self._delivery is None:
+            return True
         return self._delivery.wait_idle(timeout_millis / 1000)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        """Drain within the timeout, then close the tracker (``exit_code`` kwarg: run status)."""
+        """Drain within the timeout, then close the tracker (``exit_code`` kwarg: run status).
+
+        Accepts the SDK's ``timeout`` keyword (milliseconds) as well as ``timeout_millis``.
+        """
+        if "timeout" in kwargs and kwargs["timeout"] is not None:
+            timeout_millis = float(kwargs["timeout"])
         exit_code = int(kwargs.get("exit_code", 0) or 0)
-        left = self._delivery.shutdown(timeout_millis / 1000, exit_code)
+        delivery = self._delivery
+        if delivery is None:
+            return
+        left = delivery.shutdown(timeout_millis / 1000, exit_code)
         self.undelivered = left
         if self.spool_dir is not None:
             self._write_spool_meta(exit_code=exit_code)
-        if left and self.spool_dir is not None:
+        if left:
+            _log.warning("otel-rl: %s", self._undelivered_message(left, timeout_millis / 1000))
+
+    def _undelivered_message(self, left: int, timeout: float) -> str:
+        assert self._delivery is not None
+        failure = self._delivery.failure
+        error = failure or self._delivery.last_error
+        if failure is not None:
+            text = f"{self.name}: {left} record(s) not delivered: the tracker stopped on " \
+                f"{failure.describe()}."
+        else:
+            text = f"{self.name}: {left} record(s) not delivered before the shutdown timeout " \
+                f"(export.shutdown_timeout: {timeout:g} s"
+            if error is not None:
+                text += f"; last error: {error.describe()}"
+            text += "; lower export.shutdown_timeout to wait less at exit)."
+        if self.spool_dir is not None:
             log_dir = self._spool_meta.get("log_dir", "<log_dir>")
-            _log.warning(
-                "otel-rl: %s: %d record(s) not delivered before the shutdown timeout; they are "
-                "in the spool (%s). Deliver them with: otel-rl replay %s",
-                self.name, left, self.spool_dir, log_dir,
-            )
-        elif left:
-            _log.warning(
-                "otel-rl: %s: %d record(s) not delivered before the shutdown timeout",
-                self.name, left,
-            )
+            text += f" They are in the spool ({self.spool_dir}); deliver them with: " \
+                f"otel-rl replay {log_dir}"
+        else:
+            text += " There is no spool (export.spool: false): they are lost."
+        return text
 
     # ---- worker thread -----------------------------------------------------------------------
 
     def _open_and_remember(self) -> None:
         self.open()
+        self._remember_resume()
+
+    def _remember_resume(self) -> None:
+        """Save ``resume_config`` with the spool (trackers that open their run lazily call it
+        once they have one)."""
         if self.resume_config and self.spool_dir is not None:
             self._write_spool_meta()
 
@@ -204,10 +308,17 @@ class TrackerExporter(MetricExporter):
         if isinstance(first, StepBatch):
             if len(items) == 1:
                 self.write_step(first.step, first.rows, first)
+            elif type(self).write_batches is TrackerExporter.write_batches:
+                # One write_step per batch: report how far it got, so a retry never repeats.
+                for done, batch in enumerate(items):
+                    try:
+                        self.write_step(batch.step, batch.rows, batch)
+                    except Exception as exc:
+                        if done == 0:
+                            raise
+                        raise PartialWrite(done, exc) from exc
             else:
                 self.write_batches(items)
-        elif isinstance(first, Hyperparams):
-            self.write_hyperparams(first.params)
         else:
             first.deliver_to(self)
 
@@ -231,7 +342,7 @@ class TrackerExporter(MetricExporter):
             )
 
     def _write_spool_meta(self, exit_code: int | None = None) -> None:
-        spool = self._delivery.spool
+        spool = self._delivery.spool if self._delivery is not None else None
         if spool is None:
             return
         meta = {**self._spool_meta, "tracker": self.name, "resume": self.resume_config}

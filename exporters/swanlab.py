@@ -68,6 +68,10 @@ class SwanLabExporter(TrackerExporter):
         if directory:
             Path(directory).mkdir(parents=True, exist_ok=True)
         self.run = swanlab.init(**kwargs)
+        run_id = getattr(self.run, "id", None)
+        if run_id and "id" in accepted and "resume" in accepted:
+            # ``otel-rl replay`` reopens this very run rather than starting another one.
+            self.resume_config = {"swanlab": {"id": str(run_id), "resume": "allow"}}
 
     def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
         data: dict[str, Any] = {}

@@ -78,9 +78,27 @@ class TensorBoardExporter(TrackerExporter):
         self.write_batches([batch])
 
     def write_batches(self, batches: Sequence[StepBatch]) -> None:
-        self._write_pending_hparams()
-        for batch in batches:
-            self._write_event(self._event(batch.step, batch.rows, batch.time))
+        # Every event is encoded before the first byte is written: a batch that cannot be
+        # encoded (a step beyond int64) writes nothing, so a retry never repeats a part of it.
+        data = b"".join(
+            self._record(self._event(batch.step, batch.rows, batch.time)) for batch in batches
+        )
+        # One write of the whole batch (with the hyperparameters due before it), flushed by the
+        # delivery right after: on disk it is all there or not at all (see holds_since).
+        self._file.write(self._pending_hparams_record() + data)
+
+    def write_position(self) -> Any:
+        if self._file is None:
+            return None
+        self._file.flush()
+        return {"file": Path(self._file.name).name, "size": self._file.tell()}
+
+    def holds_since(self, position: Any) -> bool:
+        try:
+            path = self.log_dir / str(position["file"])
+            return path.is_file() and path.stat().st_size > int(position["size"])
+        except (KeyError, TypeError, ValueError, OSError):
+            return False
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         changed = any(k not in self._hparams or self._hparams[k] != v for k, v in params.items())
@@ -127,11 +145,20 @@ class TensorBoardExporter(TrackerExporter):
             self._file = None
 
     def _write_pending_hparams(self) -> None:
+        self._file.write(self._pending_hparams_record())
+
+    def _pending_hparams_record(self) -> bytes:
         # Written just before the first step, so that every hyperparameter logged at start-up
         # (often in several calls) lands in the one session_start_info TensorBoard reads.
-        if self._hparams_state == "pending":
-            self._write_values(0, [hparams_start_value(self._hparams, self._started)], time.time())
-            self._hparams_state = "written"
+        if self._hparams_state != "pending":
+            return b""
+        event_pb2, summary_pb2, _, _ = self._pb
+        value = hparams_start_value(self._hparams, self._started)
+        event = event_pb2.Event(
+            wall_time=time.time(), step=0, summary=summary_pb2.Summary(value=[value])
+        )
+        self._hparams_state = "written"
+        return self._record(event)
 
     def _write_values(self, step: int, values: list[Any], wall_time: float) -> None:
         event_pb2, summary_pb2, _, _ = self._pb
@@ -152,15 +179,14 @@ class TensorBoardExporter(TrackerExporter):
         return event_pb2.Event(wall_time=wall_time, step=step, summary=summary)
 
     def _write_event(self, event: Any) -> None:
+        self._file.write(self._record(event))
+
+    def _record(self, event: Any) -> bytes:
+        """One TFRecord: length, its CRC, the serialized event, its CRC."""
         data = event.SerializeToString()
         header = struct.pack("<Q", len(data))
         crc = self._crc
-        self._file.write(
-            header
-            + struct.pack("<I", crc(header))
-            + data
-            + struct.pack("<I", crc(data))
-        )
+        return header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data))
 
 
 def _histogram_proto(value: HistogramValue) -> Any:

@@ -126,6 +126,11 @@ class TrackioExporter(TrackerExporter):
             if config is not None:
                 kwargs["config"] = {**dict(kwargs.get("config") or {}), **dict(config)}
             self.run = self._trackio.init(**kwargs)
+            name = getattr(self.run, "name", None)
+            if name:
+                # ``otel-rl replay`` continues the run of the same name (Trackio has no run id).
+                self.resume_config = {"trackio": {"name": name, "resume": "allow"}}
+                self._remember_resume()
         return self.run
 
     def _log(self, run: Any, data: dict[str, Any], step: int) -> None:

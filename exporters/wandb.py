@@ -63,6 +63,8 @@ class WandbExporter(TrackerExporter):
         if directory:
             Path(directory).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(**self.init_kwargs)
+        # ``otel-rl replay`` reopens this very run rather than starting another one.
+        self.resume_config = {"wandb": {"id": self.run.id, "resume": "allow"}}
         self._define(STEP_KEY, None)
 
     def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:

@@ -60,21 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from otel_rl.replay import replay, spooled_runs
+    from otel_rl.replay import run
 
-    if not spooled_runs(args.log_dir):
-        print(f"otel-rl replay: nothing spooled under {args.log_dir}", file=sys.stderr)
-        return 0
-    results = replay(args.log_dir, progress=not args.no_progress, timeout=args.timeout)
-    incomplete = 0
-    for r in results:
-        print(f"{r.tracker:<12} run {r.run_id}: {r.delivered}/{r.pending} record(s) delivered")
-        incomplete += r.pending - r.delivered
-    if incomplete:
-        print(f"otel-rl replay: {incomplete} record(s) still undelivered; run it again once the "
-              "tracker is reachable", file=sys.stderr)
-        return 1
-    return 0
+    return run(args.log_dir, progress=not args.no_progress, timeout=args.timeout)
 
 
 def _demo(args: argparse.Namespace) -> int:

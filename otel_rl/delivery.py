@@ -1,40 +1,178 @@
 """Delivery: how records get from the training thread into one tracker, in order, eventually.
 
-Three parties, one lock:
+Three parties, one condition variable:
 
 - the **training thread** calls :meth:`Delivery.submit`, which only appends to a deque;
-- the **spool thread** (when a spool directory is given) writes records to the tracker's
-  write-ahead log, fsyncs it every ``fsync_interval``, and passes them on to the in-memory queue —
-  or, when that queue is full and ``on_full="spool"``, leaves them on disk only;
-- the **worker thread** opens the tracker, writes records in order (reading back from disk what
-  overflowed), retries failures with exponential backoff, and marks what it delivered as done.
+- the **spool thread** (when a spool directory is given) appends records to the tracker's
+  write-ahead log (in the kernel at once, fsynced every ``fsync_interval``) and passes them on to
+  the in-memory queue — or, when that queue is full and ``on_full="spool"``, leaves them on disk
+  only, to be read back in order by a :class:`~otel_rl.spool.SegmentCursor`;
+- the **worker thread** opens the tracker, writes records in order, and marks them done once the
+  tracker has them (after its ``flush``). Errors are classified (:mod:`otel_rl.failures`):
+  transient ones are retried with jittered backoff, a permanent one stops this tracker at once
+  (its records stay in the spool), a record the tracker refuses is set aside and counted.
 
+The worker never dies: anything unexpected is reported once and the loop goes on.
 Without a spool directory, records go straight to the in-memory queue.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_rl.failures import Failure, RowRejected
 from otel_rl.records import StepBatch
-from otel_rl.spool import Spool, iter_records, segment_paths
+from otel_rl.spool import SegmentCursor, Spool
+
+__all__ = [
+    "ON_FULL", "Delivery", "ExportOptions", "PartialWrite", "RowRejected", "TrackerHooks",
+    "TrackerWriter",
+]
 
 _log = logging.getLogger("otel_rl")
 
 ON_FULL = ("spool", "block", "drop_oldest")
 
 
-class RowRejected(Exception):
-    """Raised by a tracker write to drop a record for good (it can never succeed).
+@dataclass(frozen=True)
+class ExportOptions:
+    """The ``export.*`` settings one tracker's delivery follows."""
 
-    Anything else a write raises is taken as transient and retried.
-    """
+    queue_size: int = 10_000
+    on_full: str = "spool"
+    retry_max_backoff: float = 10.0
+    fsync_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.on_full not in ON_FULL:
+            raise ValueError(f"on_full must be one of {', '.join(ON_FULL)}, got {self.on_full!r}")
+
+
+class PartialWrite(Exception):
+    """Raised by a tracker's deliver callable when the first ``done`` records were written
+    before ``error``: only the rest is retried (a batch is never written twice in part)."""
+
+    def __init__(self, done: int, error: BaseException) -> None:
+        super().__init__(f"{done} written, then {type(error).__name__}: {error}")
+        self.done = done
+        self.error = error
+
+
+@dataclass
+class TrackerHooks:
+    """The calls one tracker exporter offers its writer (all run on one thread)."""
+
+    open: Callable[[], None]
+    deliver: Callable[[list[Any]], None]
+    flush: Callable[[], None]
+    close: Callable[[int], None]
+    classify: Callable[[BaseException, str], Failure]
+    position: Callable[[], Any] = lambda: None
+
+
+class TrackerWriter:
+    """Writes records to one tracker: opens it once, classifies what goes wrong, and sets aside
+    a record the tracker refuses. Used by the live worker and by ``otel-rl replay`` alike."""
+
+    def __init__(
+        self,
+        name: str,
+        hooks: TrackerHooks,
+        stats: dict[str, int],
+        warn_once: Callable[..., None],
+    ) -> None:
+        self.name = name
+        self._hooks = hooks
+        self._stats = stats
+        self._warn_once = warn_once
+        self.opened = False
+
+    def write(
+        self,
+        items: list[tuple[int | None, Any]],
+        note: Callable[[int, int, Any], None] | None = None,
+    ) -> tuple[int, Failure | None]:
+        """Write ``items`` (``(seq, record)`` pairs); returns how many at the head are done
+        (written or set aside) and the failure that stopped the rest, if any.
+
+        ``note(first_seq, last_seq, position)`` is called once the tracker is open, just before
+        the write, with the tracker's :meth:`position` (when it can tell one).
+        """
+        if not self.opened:
+            try:
+                self._hooks.open()
+                self.opened = True
+            except Exception as exc:
+                failure = self._hooks.classify(exc, "open")
+                if failure.kind == "record":  # nothing to set aside before the tracker opens
+                    failure = Failure("permanent", exc, failure.hint)
+                return 0, failure
+        replayable = [record for _, record in items if record is not None]
+        seqs = [seq for seq, _ in items if seq is not None]
+        if note is not None and seqs:
+            try:
+                where = self._hooks.position()
+                if where is not None:
+                    note(seqs[0], seqs[-1], where)
+            except Exception as exc:  # only replay's duplicate check depends on it
+                self._warn_once("position", "%s: cannot note the write position: %s",
+                                self.name, exc)  # fmt: skip
+        try:
+            if replayable:
+                self._hooks.deliver(replayable)
+            return len(items), None
+        except PartialWrite as partial:
+            done, error = partial.done, partial.error
+        except Exception as exc:
+            done, error = 0, exc
+        failure = self._hooks.classify(error, "write")
+        if failure.kind != "record":
+            return done, failure
+        if len(items) - done > 1:
+            # Find the refused record: write the rest one by one (each all or nothing).
+            for index in range(done, len(items)):
+                _, sub_failure = self.write([items[index]])
+                if sub_failure is not None:
+                    return index, sub_failure
+            return len(items), None
+        self._set_aside(items[done][1], failure)
+        return done + 1, None
+
+    def flush(self) -> Failure | None:
+        if not self.opened:
+            return None
+        try:
+            self._hooks.flush()
+        except Exception as exc:
+            self._warn_once(f"flush:{type(exc).__name__}", "%s: flush failed: %s", self.name, exc)
+            return self._hooks.classify(exc, "write")
+        return None
+
+    def close(self, exit_code: int) -> None:
+        if not self.opened:
+            return
+        try:
+            self._hooks.close(exit_code)
+        except Exception as exc:
+            _log.warning("otel-rl: %s: close failed: %s", self.name, exc)
+
+    def _set_aside(self, record: Any, failure: Failure) -> None:
+        self._stats["rejected"] = self._stats.get("rejected", 0) + 1
+        where = f" at step {record.step}" if hasattr(record, "step") else ""
+        self._warn_once(
+            f"rejected:{type(failure.error).__name__}",
+            "%s: record%s refused by the tracker and set aside (%s); it will not be retried, "
+            "later records go on; further refusals are counted in stats['rejected']",
+            self.name, where, failure.describe(),
+        )  # fmt: skip
 
 
 class Delivery:
@@ -44,49 +182,57 @@ class Delivery:
         self,
         name: str,
         *,
-        open: Callable[[], None],
-        deliver: Callable[[list[Any]], None],
-        flush: Callable[[], None],
-        close: Callable[[int], None],
+        hooks: TrackerHooks,
         max_batch: int = 1,
-        queue_size: int = 10_000,
-        on_full: str = "spool",
-        retry_max_backoff: float = 10.0,
+        options: ExportOptions = ExportOptions(),
         spool_dir: str | Path | None = None,
-        fsync_interval: float = 1.0,
+        stats: dict[str, int] | None = None,
         warn_once: Callable[..., None],
     ) -> None:
-        if on_full not in ON_FULL:
-            raise ValueError(f"on_full must be one of {', '.join(ON_FULL)}, got {on_full!r}")
         self.name = name
-        self._open, self._deliver, self._flush, self._close = open, deliver, flush, close
-        self._max_batch = max_batch
-        self._queue_size = max(queue_size, max_batch)
-        self._on_full = on_full if spool_dir is not None or on_full != "spool" else "drop_oldest"
-        self._retry_max_backoff = retry_max_backoff
-        self._fsync_interval = fsync_interval
+        self._max_batch = max(1, max_batch)
+        self._queue_size = max(1, options.queue_size)
+        self._on_full = options.on_full
+        if spool_dir is None and options.on_full == "spool":
+            # Never make the training thread wait on a tracker nobody asked to wait for.
+            self._on_full = "drop_oldest"
+            warn_once(
+                "no-spool",
+                "%s: export.on_full='spool' needs a spool (export.spool: true, or an exporter "
+                "given to a Logger); without one a full queue drops its oldest record",
+                name,
+            )
+        self._retry_max_backoff = options.retry_max_backoff
+        self._fsync_interval = options.fsync_interval
         self._warn_once = warn_once
         self.spool = Spool(spool_dir) if spool_dir is not None else None
+        self._cursor = SegmentCursor(self.spool.dir) if self.spool else None
 
         self._cond = threading.Condition()
         self._incoming: deque[Any] = deque()  # submitted, not yet spooled
+        self._incoming_since = 0.0  # when the oldest of them arrived
         self._queue: deque[tuple[int | None, Any]] = deque()  # ready for the worker
         self._overflow_from: int | None = None  # first seq that lives only on disk
         self._spooled_upto = self.spool.last_seq if self.spool else 0
-        self._start_seq = self._spooled_upto
-        self._inflight = 0
+        self._inflight = 0  # records at the head of the queue being written
         self._in_transit = 0  # taken by the spool thread, not yet in the queue
-        self._spool_running = spool_dir is not None
+        self._spool_running = self.spool is not None
         self._stopping = False
+        self._abort = False  # shutdown timed out: start no new write
         self._closed = False
         self._idle = True
-        self._opened = False
+        self._last_ack_sync = 0.0
+        #: The permanent failure that stopped this tracker, if any.
+        self.failure: Failure | None = None
+        #: The last error of any kind (named in the final message when records are left).
+        self.last_error: Failure | None = None
         self.exit_code = 0
-        self.stats = {
-            "submitted": 0, "delivered": 0, "dropped": 0, "rejected": 0, "retries": 0,
-            "spilled": 0, "waits": 0, "backwards_steps": 0,
-        }  # fmt: skip
-        self._threads = [threading.Thread(target=self._work, name=f"otel-rl-{name}", daemon=True)]
+        self.stats = stats if stats is not None else {}
+        for key in ("submitted", "delivered", "dropped", "rejected", "retries", "spilled",
+                    "waits", "spool_waits", "backwards_steps", "unspooled"):  # fmt: skip
+            self.stats.setdefault(key, 0)
+        self._writer = TrackerWriter(name, hooks, self.stats, warn_once)
+        self._threads = [threading.Thread(target=self._run, name=f"otel-rl-{name}", daemon=True)]
         if self.spool is not None:
             self._threads.append(
                 threading.Thread(target=self._spool_loop, name=f"otel-rl-{name}-spool", daemon=True)
@@ -97,39 +243,59 @@ class Delivery:
     # ---- training thread --------------------------------------------------------------------
 
     def submit(self, record: Any) -> None:
+        provisional = isinstance(record, StepBatch) and record.provisional
         with self._cond:
             if self._closed or self._stopping:
-                self._warn_once("closed", "%s: record after shutdown ignored", self.name)
+                if not provisional:
+                    self._warn_once("closed", "%s: record after shutdown ignored", self.name)
+                return
+            if provisional:
+                if self._spool_running:  # a checkpoint for the spool only
+                    self._append_incoming_locked(record)
+                    self._cond.notify_all()
                 return
             self.stats["submitted"] += 1
             self._idle = False
             if self.spool is not None:
                 # Memory stays bounded even when the disk cannot keep up with the loop (only at
                 # thousands of steps per second): then the caller waits for the spool thread.
-                while self._spool_running and (
-                    len(self._incoming) >= self._queue_size
-                    or (
+                while self._spool_running:
+                    if self._spool_lagging_locked():
+                        self.stats["spool_waits"] += 1
+                    elif len(self._incoming) >= self._queue_size or (
                         self._on_full == "block"
                         and len(self._incoming) + len(self._queue) >= self._queue_size
-                    )
-                ):
-                    self.stats["waits"] += 1
+                    ):
+                        self.stats["waits"] += 1
+                    else:
+                        break
                     self._cond.wait(0.05)
                 if self._spool_running:
-                    self._incoming.append(record)
+                    self._append_incoming_locked(record)
                 else:  # the spool thread is gone: keep delivering from memory
                     self._enqueue_locked(None, record)
             else:
                 self._enqueue_locked(None, record)
             self._cond.notify_all()
 
+    def _append_incoming_locked(self, record: Any) -> None:
+        if not self._incoming:
+            self._incoming_since = time.monotonic()
+        self._incoming.append(record)
+
+    def _spool_lagging_locked(self) -> bool:
+        """The oldest record not yet written to the spool waited half an fsync interval: the
+        machine is too busy for the spool thread, and the crash promise (nothing older than
+        ``fsync_interval`` lost) now costs the caller a short wait."""
+        return bool(self._incoming) and (
+            time.monotonic() - self._incoming_since > self._fsync_interval / 2
+        )
+
     @property
     def pending(self) -> int:
         """Records submitted and not yet delivered (in memory or only on disk)."""
         with self._cond:
-            on_disk = (
-                self._spooled_upto - self._overflow_from + 1 if self._overflow_from else 0
-            )
+            on_disk = self._spooled_upto - self._overflow_from + 1 if self._overflow_from else 0
             return len(self._incoming) + len(self._queue) + on_disk
 
     def wait_idle(self, timeout: float) -> bool:
@@ -137,7 +303,7 @@ class Delivery:
         with self._cond:
             while not self._idle:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._threads[0].is_alive():
+                if left <= 0 or self.failure is not None or not self._threads[0].is_alive():
                     return False
                 self._cond.wait(left)
         return True
@@ -154,11 +320,13 @@ class Delivery:
         for thread in reversed(self._threads):  # the spool thread first: it feeds the worker
             thread.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
+            self._abort = True  # a worker still busy starts no new write from here on
             self._closed = True
             self._cond.notify_all()
             if self.spool is None:
                 return len(self._queue)
-            return len(self._incoming) + self._spooled_upto - self.spool.acked_upto
+            left = len(self._incoming) + self._spooled_upto - self.spool.acked_upto
+            return max(0, left)
 
     # ---- spool thread -----------------------------------------------------------------------
 
@@ -179,14 +347,23 @@ class Delivery:
                 try:
                     seqs = spool.append(records)
                 except Exception as exc:  # a full disk must not lose the records in memory
-                    self._warn_once("spool", "%s: cannot write the spool: %s", self.name, exc)
+                    self._warn_once(
+                        "spool", "%s: cannot write the spool (%s: %s); records are kept in "
+                        "memory only until the tracker has them", self.name,
+                        type(exc).__name__, exc,
+                    )  # fmt: skip
                     seqs = [None] * len(records)
                 dirty = True
                 with self._cond:
                     for seq, record in zip(seqs, records, strict=True):
-                        self._enqueue_locked(seq, record)
-                    if seqs and seqs[-1] is not None:
-                        self._spooled_upto = seqs[-1]
+                        provisional = isinstance(record, StepBatch) and record.provisional
+                        if seq is None and not provisional:
+                            self.stats["unspooled"] += 1
+                        if not provisional:
+                            self._enqueue_locked(seq, record)
+                    written = [s for s in seqs if s is not None]
+                    if written:
+                        self._spooled_upto = written[-1]
                     self._in_transit = 0
                     self._cond.notify_all()
             now = time.monotonic()
@@ -199,11 +376,19 @@ class Delivery:
             if stopping and not records:
                 with self._cond:
                     if not self._incoming:
+                        try:
+                            spool.close_writer()
+                        except OSError as exc:
+                            self._warn_once("spool-close", "%s: spool close: %s", self.name, exc)
                         self._spool_running = False
                         self._cond.notify_all()  # the worker waits for this thread to end
                         return
 
     def _enqueue_locked(self, seq: int | None, record: Any) -> None:
+        if self.failure is not None:  # stopped: spooled records wait for replay
+            if seq is None:
+                self.stats["dropped"] += 1
+            return
         full = len(self._queue) >= self._queue_size
         spill = self._overflow_from is not None or (full and self._on_full == "spool")
         if seq is not None and spill:
@@ -219,113 +404,121 @@ class Delivery:
             return
         if full and self._on_full == "block" and self.spool is None:
             while len(self._queue) >= self._queue_size and not self._closed:
+                self.stats["waits"] += 1
                 self._cond.wait()
         elif full:
-            self._drop_oldest_locked()
+            self.stats["dropped"] += 1
+            self._warn_once(
+                "dropped",
+                "%s: queue full (%d records), dropping the oldest; raise export.queue_size or "
+                "use export.on_full='spool' or 'block'",
+                self.name,
+                self._queue_size,
+            )
+            if self._inflight >= len(self._queue):
+                return  # every queued record is being written: the new one is the one dropped
+            del self._queue[self._inflight]  # the oldest record not yet handed to the tracker
         self._queue.append((seq, record))
-
-    def _drop_oldest_locked(self) -> None:
-        # Items at the head may be in flight on the worker; drop the oldest one that is not.
-        index = min(self._inflight, len(self._queue) - 1)
-        del self._queue[index]
-        self.stats["dropped"] += 1
-        self._warn_once(
-            "dropped",
-            "%s: queue full (%d records), dropping the oldest; raise export.queue_size or use "
-            "export.on_full='spool' or 'block'",
-            self.name,
-            self._queue_size,
-        )
 
     # ---- worker thread ----------------------------------------------------------------------
 
+    def _run(self) -> None:
+        """The worker: never lets an exception end the thread."""
+        pause = 0.05
+        while True:
+            try:
+                self._work()
+                break
+            except Exception as exc:  # a bug of ours must not silence a tracker for the run
+                self._warn_once(
+                    f"internal:{type(exc).__name__}",
+                    "%s: internal error in the delivery loop (%s: %s); continuing",
+                    self.name, type(exc).__name__, exc,
+                )  # fmt: skip
+                with self._cond:
+                    self._inflight = 0
+                    if self._closed:
+                        break
+                    self._cond.wait(pause)
+                pause = min(pause * 2, 1.0)
+        self._finish_worker()
+
     def _work(self) -> None:
         backoff = 0.0
-        last_ack_sync = time.monotonic()
         while True:
             with self._cond:
                 while not self._queue and self._overflow_from is None:
-                    if self._stopping and not self._incoming and not self._spool_alive():
+                    if self._stopping and not self._incoming and not self._spool_running:
                         break
                     if not self._idle and not self._incoming and not self._in_transit:
-                        self._settle_locked()  # releases the lock: look again before waiting
-                        continue
+                        self._idle = True
+                        self._cond.notify_all()
                     self._cond.wait(self._fsync_interval if self.spool else None)
-                if not self._queue and self._overflow_from is None:
+                if (not self._queue and self._overflow_from is None) or self._abort:
                     break
-                if self._closed:
-                    return
+                if self.failure is not None:  # stopped: the records wait in the spool
+                    self._park_locked()
+                    break
             if not self._queue:
                 self._load_overflow()
                 continue
             with self._cond:
                 items = self._take_locked()
-            try:
-                if not self._opened:
-                    self._open()
-                    self._opened = True
-                self._deliver_items([record for _, record in items])
-                backoff = 0.0
-            except Exception as exc:  # a tracker failure must never escape this thread
-                self.stats["retries"] += 1
-                self._warn_once(
-                    f"error:{type(exc).__name__}",
-                    "%s: write failed (%s: %s); retrying with backoff, training continues",
-                    self.name,
-                    type(exc).__name__,
-                    exc,
-                )
-                backoff = min(max(backoff * 2, 0.05), self._retry_max_backoff)
-                with self._cond:
-                    self._inflight = 0
-                    if self._closed:
-                        return
-                    self._cond.wait(backoff)  # shutdown wakes us early; the retry still runs
-                continue
+            done, failure = self._writer.write(
+                items, self.spool.note_attempt if self.spool is not None else None
+            )
+            if done:
+                # Marked done right after the tracker holds them: a kill in between is the
+                # only way a record is sent twice, and that window is two system calls wide.
+                seqs = [seq for seq, _ in items[:done] if seq is not None]
+                self._flush_and_ack(seqs[-1] if seqs else None)
             with self._cond:
-                for _ in items:
+                for _ in range(done):
                     self._queue.popleft()
                 self._inflight = 0
-                self.stats["delivered"] += len(items)
+                self.stats["delivered"] += done
                 self._cond.notify_all()
-            seq = items[-1][0]
-            if self.spool is not None and seq is not None:
-                self.spool.ack(seq)
-                if time.monotonic() - last_ack_sync >= self._fsync_interval:
-                    self._sync_acks()
-                    last_ack_sync = time.monotonic()
-        self._flush_quietly()
-        self._sync_acks()
-        if self._opened:
-            try:
-                self._close(self.exit_code)
-            except Exception as exc:
-                _log.warning("otel-rl: %s: close failed: %s", self.name, exc)
-        if self.spool is not None:
-            self.spool.close()
+            if failure is None:
+                backoff = 0.0
+                continue
+            self.last_error = failure
+            if failure.kind == "permanent":
+                self._stop_for(failure)
+                continue
+            self.stats["retries"] += 1
+            self._warn_once(
+                f"error:{type(failure.error).__name__}",
+                "%s: write failed (%s); retrying with backoff, training continues",
+                self.name, failure.describe(),
+            )  # fmt: skip
+            backoff = min(max(backoff * 2, 0.05), self._retry_max_backoff)
+            with self._cond:
+                if self._abort:
+                    break
+                # Jitter spreads the retries of many ranks hitting one recovering server.
+                self._cond.wait(backoff * random.uniform(0.5, 1.0))
+        self._flush_and_ack(None)
+
+    def _stop_for(self, failure: Failure) -> None:
+        self.failure = failure
+        where = (
+            f"; its records stay in the spool ({self.spool.dir}) for `otel-rl replay` once "
+            "fixed" if self.spool is not None else ""
+        )
+        _log.error(
+            "otel-rl: %s stopped: %s%s", self.name, failure.describe(), where
+        )
         with self._cond:
-            self._idle = True
             self._cond.notify_all()
 
-    def _spool_alive(self) -> bool:
-        return self._spool_running
-
-    def _settle_locked(self) -> None:
-        """Everything handed over is written: flush the tracker and tell waiters."""
-        self._cond.release()
-        try:
-            self._flush_quietly()
-            self._sync_acks()
-        finally:
-            self._cond.acquire()
-        if (
-            not self._queue
-            and not self._incoming
-            and not self._in_transit
-            and self._overflow_from is None
-        ):
-            self._idle = True
-            self._cond.notify_all()
+    def _park_locked(self) -> None:
+        """A stopped tracker: drop what is in memory (it is in the spool) and wake waiters."""
+        if self.spool is None:
+            self.stats["dropped"] += len(self._queue)
+        self._queue.clear()
+        self._overflow_from = None
+        self._idle = True
+        self._cond.notify_all()
 
     def _take_locked(self) -> list[tuple[int | None, Any]]:
         first = self._queue[0]
@@ -338,53 +531,49 @@ class Delivery:
         self._inflight = len(items)
         return items
 
-    def _deliver_items(self, records: list[Any]) -> None:
-        records = [r for r in records if r is not None]  # spooled entries that cannot replay
-        if not records:
-            return
-        try:
-            self._deliver(records)
-        except RowRejected as exc:
-            self.stats["rejected"] += len(records)
-            self._warn_once(
-                f"rejected:{exc}", "%s: record rejected by the tracker, skipped: %s", self.name, exc
-            )
-
     def _load_overflow(self) -> None:
         """Bring up to ``queue_size`` records that live only on disk back into memory."""
-        assert self.spool is not None
+        assert self.spool is not None and self._cursor is not None
         with self._cond:
             start, upto = self._overflow_from, self._spooled_upto
         if start is None:
             return
-        loaded: list[tuple[int, Any]] = []
-        for path in segment_paths(self.spool.dir):
-            for seq, record in iter_records(path):
-                if start <= seq <= upto:
-                    loaded.append((seq, record))
-                    if len(loaded) >= self._queue_size:
-                        break
-            if len(loaded) >= self._queue_size:
-                break
+        read = self._cursor.read(start, upto, self._queue_size)
+        # Nothing readable left in that range (never expected of our own spool): go on live.
+        read_upto = read[-1][0] if read else upto
+        loaded = [(s, r) for s, r in read if not (isinstance(r, StepBatch) and r.provisional)]
         with self._cond:
-            for seq, record in loaded:
-                self._queue.append((seq, record))
-            last = loaded[-1][0] if loaded else upto
-            self._overflow_from = None if last >= self._spooled_upto else last + 1
+            self._queue.extend(loaded)
+            self._overflow_from = None if read_upto >= self._spooled_upto else read_upto + 1
             self._cond.notify_all()
 
-    def _flush_quietly(self) -> None:
-        if not self._opened:
+    def _flush_and_ack(self, upto: int | None) -> None:
+        """Make the tracker hold what it was given, then mark it done (never the other way)."""
+        failure = self._writer.flush()
+        if failure is not None:
+            self.last_error = failure
             return
-        try:
-            self._flush()
-        except Exception as exc:
-            self._warn_once(f"flush:{type(exc).__name__}", "%s: flush failed: %s", self.name, exc)
-
-    def _sync_acks(self) -> None:
         if self.spool is None:
             return
         try:
-            self.spool.sync_acks()
+            if upto is not None:
+                self.spool.ack(upto)
+            now = time.monotonic()
+            if upto is None or now - self._last_ack_sync >= self._fsync_interval:
+                self.spool.sync_acks()
+                self.spool.delete_done_segments()
+                self._last_ack_sync = now
         except (OSError, ValueError) as exc:
             self._warn_once("ack", "%s: cannot record deliveries: %s", self.name, exc)
+
+    def _finish_worker(self) -> None:
+        if not self._abort:
+            self._writer.close(self.exit_code)
+        if self.spool is not None:
+            try:
+                self.spool.close_acks()
+            except OSError as exc:
+                self._warn_once("spool-close", "%s: cannot close the spool: %s", self.name, exc)
+        with self._cond:
+            self._idle = True
+            self._cond.notify_all()

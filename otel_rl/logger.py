@@ -15,7 +15,9 @@ from typing import Any
 
 from opentelemetry.metrics import Observation
 
+from otel_rl.checkpoint import PendingStepCheckpointer
 from otel_rl.config import enabled_backends, resolve_config
+from otel_rl.delivery import ExportOptions
 from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.errors import MetricError
 from otel_rl.exit import (
@@ -72,17 +74,17 @@ class Logger:
         self._strict = bool(cfg["strict"])
         export = cfg["export"]
         self._shutdown_timeout = float(export["shutdown_timeout"])
-        options = {
-            "queue_size": int(export["queue_size"]),
-            "on_full": str(export["on_full"]),
-            "retry_max_backoff": float(export["retry_max_backoff"]),
-            "fsync_interval": float(export["fsync_interval"]),
-        }
+        options = ExportOptions(
+            queue_size=int(export["queue_size"]),
+            on_full=str(export["on_full"]),
+            retry_max_backoff=float(export["retry_max_backoff"]),
+            fsync_interval=float(export["fsync_interval"]),
+        )
         classes = [exporter_class(name) for name in enabled_backends(cfg)]
-        self.exporters = [
-            cls.from_config(cfg, **options, **self._spool_options(cls.name)) for cls in classes
-        ]
+        self.exporters = [cls.from_config(cfg) for cls in classes]
         self.exporters.extend(exporters)
+        for exporter in self.exporters:  # the same export.* for every exporter, however built
+            self._attach(exporter, options)
 
         self._pipeline = Pipeline(cfg, build_resource(cfg, self.run_id))
         self.meter_provider = self._pipeline.provider
@@ -112,6 +114,13 @@ class Logger:
         self._warned: set[tuple[str, str]] = set()
         self._finished = False
         self.stats = {"nonfinite": 0, "backwards_steps": 0, "steps": 0}
+        self._checkpointed: tuple[Any, ...] | None = None
+        # Copies the step still being logged to the spools, so that a crash during a long
+        # step loses at most export.fsync_interval of it (docs/reliability.md).
+        self._checkpointer = PendingStepCheckpointer(
+            float(export["fsync_interval"]) / 2, self._snapshot_pending, self.exporters
+        )
+        self._checkpointer.start()
         self._install_self_telemetry()
         #: The Ray GPU/node monitor (``monitor_gpus: true``), else ``None``; see
         #: docs/gpu-monitoring.md. It scrapes on its own thread.
@@ -302,6 +311,7 @@ class Logger:
                 return
             self._seal(final=True)
             self._finished = True
+        self._checkpointer.stop()
         atexit.unregister(self._atexit)
         restore_sigterm_handler(self._previous_sigterm)
         if self.gpu_monitor is not None:  # its last rows must reach the trackers before they close
@@ -331,6 +341,39 @@ class Logger:
         self.finish(exit_code=exit_code_of(exc_type, exc))
 
     # ---- internals ----------------------------------------------------------------------------
+
+    def _attach(self, exporter: Any, options: ExportOptions) -> None:
+        if not hasattr(exporter, "attach"):
+            return  # a duck-typed exporter with its own delivery
+        if exporter.started:
+            _log.warning(
+                "otel-rl: exporter %s was started before it was given to the Logger; it keeps "
+                "its own export options and spool", exporter.name,
+            )  # fmt: skip
+            return
+        exporter.attach(options, **self._spool_options(exporter.name))
+        exporter.start()
+
+    def _snapshot_pending(self) -> StepBatch | None:
+        """The step still being logged, if it changed since the last snapshot (checkpoint
+        thread; the lock is held for a dict copy)."""
+        with self._lock:
+            if self._pending_step is None or self._finished:
+                return None
+            state = (self._pending_step, len(self._pending_otel), self._pending)
+            if self._checkpointed == state:
+                return None
+            values = dict(self._pending)
+            self._checkpointed = (state[0], state[1], values)
+            return StepBatch(
+                step=self._pending_step,
+                values=values,
+                otel=tuple(self._pending_otel),
+                step_metrics=dict(self._step_metrics),
+                converter=self._convert,
+                seal=self.stats["steps"],
+                provisional=True,
+            )
 
     def _spool_options(self, tracker: str) -> dict[str, Any]:
         if not self.config["export"]["spool"]:
@@ -382,6 +425,7 @@ class Logger:
             otel=tuple(self._pending_otel),
             step_metrics=dict(self._step_metrics),
             converter=self._convert,
+            seal=self.stats["steps"],
         )
         self._pending = {}
         self._pending_otel = []

@@ -65,6 +65,9 @@ class Hyperparams:
 
     params: Mapping[str, Any]
 
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_hyperparams(self.params)
+
 
 @dataclass(frozen=True)
 class Plot:
@@ -98,6 +101,12 @@ class StepBatch:
     ``axis`` is ``None`` for the training step; otherwise the name of the custom x-axis
     (``ray/ray_step`` for GPU data, seconds since the run started) and ``step`` its value.
     ``step_metrics`` maps a key prefix to the metric W&B should plot it against.
+
+    ``seal`` numbers the training steps a Logger hands over (0, 1, 2, ...). A ``provisional``
+    batch is a checkpoint of a step still being logged: it goes to the spool only, so that a
+    crash during a long step loses at most ``export.fsync_interval`` of it; the sealed batch with
+    the same ``seal`` supersedes it (``otel-rl replay`` delivers a provisional batch only when its
+    step was never sealed).
     """
 
     step: int
@@ -107,6 +116,8 @@ class StepBatch:
     axis: str | None = None
     step_metrics: Mapping[str, str] = field(default_factory=dict)
     converter: Callable[[Sequence[MetricsData]], dict[str, RowValue]] | None = None
+    seal: int | None = None
+    provisional: bool = False
     _rows: dict[str, RowValue] | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 

@@ -1,26 +1,34 @@
 """``otel-rl replay <log_dir>``: deliver what a run's trackers did not get.
 
 Reads each tracker's spool under ``<log_dir>/.otel-rl/spool/``, rebuilds the tracker from the
-run's saved config (plus what the tracker recorded to reopen its run, e.g. the MLflow run id),
-re-sends every record not yet marked done in step order, and marks each one done as it is
-delivered — so a second replay sends nothing.
+run's saved config (plus what the tracker recorded to reopen its run, e.g. the MLflow or W&B run
+id), and writes every record not yet marked done, in step order, on this thread. Each record is
+marked done as soon as the tracker holds it, so a replay killed at any moment and run again
+converges to every record delivered exactly once.
+
+A spool line that cannot be read is reported (file, byte offset, reason) and makes the command
+exit non-zero; every other tracker and run is still replayed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
+import random
+import signal
+import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from otel_rl.config import resolve_config
 from otel_rl.records import StepBatch
 from otel_rl.registry import exporter_class
-from otel_rl.spool import mark_done, spool_root, undelivered
+from otel_rl.spool import DoneMarks, Skipped, read_acks, scan, spool_root
 
 _log = logging.getLogger("otel_rl")
 
@@ -29,10 +37,19 @@ KILLED_EXIT_CODE = 137
 
 @dataclass
 class ReplayResult:
+    """What one tracker of one run had waiting and what it got."""
+
     tracker: str
     run_id: str
     pending: int
     delivered: int
+    skipped: list[Skipped] = field(default_factory=list)
+    rejected: int = 0
+    error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None and not self.skipped and self.delivered >= self.pending
 
 
 def spooled_runs(log_dir: str | Path) -> list[Path]:
@@ -46,46 +63,211 @@ def replay(
 ) -> list[ReplayResult]:
     """Replay every spool under ``log_dir``; returns what each tracker had and got."""
     results = []
-    for directory in spooled_runs(log_dir):
-        results.append(_replay_one(directory, progress, timeout))
+    with _signals_deferred() as interrupted:
+        for directory in spooled_runs(log_dir):
+            if interrupted:
+                break
+            try:
+                results.append(_replay_one(directory, progress, timeout, interrupted))
+            except Exception as exc:  # one broken spool must not stop the others
+                results.append(
+                    ReplayResult(directory.parent.name, directory.name, 0, 0,
+                                 error=f"{type(exc).__name__}: {exc}")
+                )  # fmt: skip
+    if interrupted:
+        raise _Interrupted(interrupted[0], results)
     return results
 
 
-def _replay_one(directory: Path, progress: bool, timeout: float) -> ReplayResult:
+class _Interrupted(Exception):
+    def __init__(self, signum: int, results: list[ReplayResult]) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+        self.results = results
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[list[int]]:
+    """SIGINT/SIGTERM stop the replay between two writes, never between a write and its mark
+    (which would send that record again next time). Yields the list the signal lands in."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run(log_dir: str | Path, progress: bool = True, timeout: float = 300.0) -> int:
+    """The command: replay, print one line per tracker and run, return the exit code."""
+    import sys
+
+    if not Path(log_dir).is_dir():
+        print(f"otel-rl replay: {log_dir} is not a directory", file=sys.stderr)
+        return 2
+    if not spooled_runs(log_dir):
+        print(f"otel-rl replay: nothing spooled under {log_dir}", file=sys.stderr)
+        return 0
+    interrupted = 0
+    try:
+        results = replay(log_dir, progress=progress, timeout=timeout)
+    except _Interrupted as stop:
+        results, interrupted = stop.results, stop.signum
+    status = 0
+    for r in results:
+        line = f"{r.tracker:<12} run {r.run_id}: {r.delivered}/{r.pending} record(s) delivered"
+        if r.rejected:
+            line += f", {r.rejected} refused by the tracker (set aside)"
+        print(line)
+        for s in r.skipped:
+            print(f"  skipped an unreadable spool line: {s.path} at byte {s.offset}: {s.reason}")
+        if r.error:
+            print(f"  {r.tracker}: {r.error}", file=sys.stderr)
+        if not r.complete:
+            status = 1
+    if interrupted:
+        print(f"otel-rl replay: stopped by signal {interrupted}; what was delivered is marked "
+              "done, run it again to finish", file=sys.stderr)
+        return 128 + interrupted
+    if status:
+        print("otel-rl replay: some records were not delivered (see above); fix the cause and "
+              "run it again: what was delivered is never sent twice", file=sys.stderr)
+    return status
+
+
+def _replay_one(
+    directory: Path, progress: bool, timeout: float, interrupted: list[int]
+) -> ReplayResult:
     meta = json.loads((directory / "meta.json").read_text())
     tracker, run_id = meta["tracker"], str(meta.get("run_id", directory.name))
-    records = undelivered(directory)
-    if not records:
-        return ReplayResult(tracker, run_id, 0, 0)
-    # Step batches in step order; other records (hyperparams, plots) keep their place.
-    order = sorted(
-        range(len(records)),
-        key=lambda i: (_step_of(records[i][1]), records[i][0]),
-    )
-    ordered = [records[i] for i in order]
+    records, skipped, sealed = scan(directory)
+    done_already, sendable = _resolve_checkpoints(records, sealed)
     cfg = resolve_config(_merge(meta.get("config") or {}, meta.get("resume") or {}))
-    # No spool while replaying (the records are already in one); a full queue waits.
-    exporter = exporter_class(tracker).from_config(cfg, on_full="block")
-    skipped = [seq for seq, record in ordered if record is None]
-    sendable = [(seq, record) for seq, record in ordered if record is not None]
-    delivered = 0
-    advance = _progress(progress, tracker, len(sendable))
+    exporter = exporter_class(tracker).from_config(cfg)
+    landed = _landed_before_the_kill(directory, exporter, {seq for seq, _ in sendable})
+    sendable = [(seq, record) for seq, record in sendable if seq not in landed]
+    result = ReplayResult(tracker, run_id, len(sendable), 0, skipped)
+    marks = DoneMarks(directory)
     try:
-        for _, record in sendable:
-            exporter.submit(record)
-        deadline = time.monotonic() + timeout
-        while not exporter.force_flush(timeout_millis=200) and time.monotonic() < deadline:
-            advance(exporter.stats["delivered"])
+        marks.mark(done_already + sorted(landed))
+        if sendable:
+            _deliver(exporter, meta, sendable, marks, result, progress, timeout, interrupted)
+    finally:
+        marks.close()
+    return result
+
+
+def _landed_before_the_kill(directory: Path, exporter: Any, pending: set[int]) -> set[int]:
+    """Records of the last write attempted that the tracker holds although they were never
+    marked done (the process died between the write and its mark)."""
+    attempt = read_acks(directory).attempt
+    if attempt is None:
+        return set()
+    uncertain = {seq for seq in range(attempt.first, attempt.last + 1) if seq in pending}
+    if uncertain and exporter.holds_since(attempt.position):
+        return uncertain
+    return set()
+
+
+def _resolve_checkpoints(
+    records: list[tuple[int, Any]], sealed: set[int]
+) -> tuple[list[int], list[tuple[int, Any]]]:
+    """Split undelivered records into those already done in effect (checkpoints of a step that
+    was sealed later, older checkpoints of the same step, entries that cannot be replayed) and
+    those to send, in step order."""
+    done: list[int] = []
+    latest: dict[int, int] = {}  # seal -> index in records of its newest checkpoint
+    for index, (seq, record) in enumerate(records):
+        if isinstance(record, StepBatch) and record.provisional:
+            if record.seal in sealed or record.seal is None:
+                done.append(seq)
+                continue
+            if record.seal in latest:
+                done.append(records[latest[record.seal]][0])
+            latest[record.seal] = index
+        elif record is None:
+            done.append(seq)
+    keep = set(latest.values())
+    sendable = [
+        (seq, record)
+        for index, (seq, record) in enumerate(records)
+        if record is not None
+        and (not (isinstance(record, StepBatch) and record.provisional) or index in keep)
+    ]
+    # Step batches in step order; other records (hyperparams, plots) keep their place.
+    sendable.sort(key=lambda item: (_step_of(item[1]), item[0]))
+    return done, sendable
+
+
+def _deliver(
+    exporter: Any,
+    meta: Mapping[str, Any],
+    sendable: list[tuple[int, Any]],
+    marks: DoneMarks,
+    result: ReplayResult,
+    progress: bool,
+    timeout: float,
+    interrupted: list[int],
+) -> None:
+    writer = exporter.writer()
+    advance = _progress(progress, exporter.name, len(sendable))
+    deadline = time.monotonic() + timeout
+    backoff = 0.0
+    position = 0
+    try:
+        while position < len(sendable):
+            if interrupted:
+                result.error = f"interrupted by signal {interrupted[0]}"
+                break
+            chunk = _next_chunk(sendable, position, exporter.max_batch)
+            done, failure = writer.write(chunk, marks.note_attempt)
+            flush_failure = writer.flush() if done else None
+            if flush_failure is not None:
+                failure = flush_failure
+            else:
+                marks.mark([seq for seq, _ in chunk[:done]])
+                position += done
+                result.delivered = position
+                advance(position)
+            if failure is None:
+                backoff = 0.0
+                continue
+            if failure.kind == "permanent" or time.monotonic() >= deadline:
+                result.error = failure.describe()
+                break
+            backoff = min(max(backoff * 2, 0.1), 10.0)
+            left = max(0.0, deadline - time.monotonic())
+            wake = time.monotonic() + min(backoff * random.uniform(0.5, 1.0), left)
+            while not interrupted and time.monotonic() < wake:  # a signal ends the wait
+                time.sleep(0.05)
     finally:
         # A run that never reached finish() (no exit code saved) died: SIGKILL's 137 marks it
         # killed in trackers that keep a status, never "finished".
-        exit_code = int(meta.get("exit_code", KILLED_EXIT_CODE))
-        exporter.shutdown(timeout_millis=5_000, exit_code=exit_code)
-        # The worker delivers in submission order: the first N were written.
-        delivered = min(exporter.stats["delivered"], len(sendable))
-        advance(delivered, done=True)
-        mark_done(directory, skipped + [seq for seq, _ in sendable[:delivered]])
-    return ReplayResult(tracker, run_id, len(ordered), delivered + len(skipped))
+        writer.close(int(meta.get("exit_code", KILLED_EXIT_CODE)))
+        result.rejected = exporter.stats.get("rejected", 0)
+        advance(position, done=True)
+
+
+def _next_chunk(
+    sendable: list[tuple[int, Any]], position: int, max_batch: int
+) -> list[tuple[int, Any]]:
+    first = sendable[position]
+    chunk = [first]
+    if isinstance(first[1], StepBatch):
+        for item in sendable[position + 1 : position + max(1, max_batch)]:
+            # Consecutive sequence numbers only: a write attempt is noted as a range.
+            if not isinstance(item[1], StepBatch) or item[0] != chunk[-1][0] + 1:
+                break
+            chunk.append(item)
+    return chunk
 
 
 def _step_of(record: Any) -> float:
@@ -104,7 +286,7 @@ def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, An
     return out
 
 
-def _progress(enabled: bool, tracker: str, total: int) -> Any:
+def _progress(enabled: bool, tracker: str, total: int) -> Callable[..., None]:
     """A callable ``(completed, done=False)`` drawing a progress bar (or nothing)."""
     if not enabled:
         return lambda completed, done=False: None

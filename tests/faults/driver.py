@@ -1,0 +1,303 @@
+"""Run one fault-injection iteration: start the training child, inject the planned faults, kill
+it, replay (itself perhaps killed, then run again), read every tracker back and check.
+
+The MLflow server, when used, is a real ``mlflow server`` (:mod:`tests.servers`); "down" means
+that server stopped while the child runs, then restarted on the same port and store before the
+replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.faults import delivered as readers
+from tests.faults.fault_tracker import install_entry_point, set_mode
+from tests.faults.invariant import Counts, Finding, check
+from tests.faults.plan import DEFAULT_GRACE, ChildPlan, IterationPlan
+
+REPO = Path(__file__).resolve().parents[2]
+REPLAY_ATTEMPTS = 4
+
+
+@dataclass
+class Harness:
+    """What every iteration of a run shares."""
+
+    root: Path
+    fsync_interval: float = 0.2
+    shutdown_timeout: float = 1.0
+    grace: float = DEFAULT_GRACE
+    mlflow: Any = None  # tests.servers.MlflowServer, restarted in place when planned down
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        site = install_entry_point(self.root / "site")
+        path = os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])
+        self.env = {**os.environ, "PYTHONPATH": path, "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+@dataclass
+class IterationResult:
+    plan: IterationPlan
+    findings: list[Finding]
+    counts: dict[str, Counts]
+    kills: int
+    replay_kills: int
+    what_happened: str
+
+
+class _ChildOutput:
+    """Reads the child's side channel on a thread, so the parent kills on its own schedule."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.returned: dict[int, float] = {}
+        self.ready = threading.Event()
+        self.finishing = threading.Event()
+        self.finished = threading.Event()
+        self.marks: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._read, args=(process.stdout,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        events = {"R": self.ready, "F": self.finishing, "D": self.finished}
+        for line in stream:
+            parts = line.split()
+            if len(parts) != 2:
+                continue
+            tag, at = parts
+            try:
+                when = float(at)
+                if tag in events:
+                    self.marks[tag] = when
+                    events[tag].set()
+                else:
+                    self.returned[int(tag)] = when
+            except ValueError:
+                continue  # a line cut by the kill
+        self.ready.set()  # EOF: nobody waits forever on a child that died
+        self.finishing.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def _tail(path: Path, limit: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""
+
+
+def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResult:
+    began = time.monotonic()
+    work = h.root / f"it{index:04d}"
+    work.mkdir(parents=True)
+    log_dir, rows, control = work / "logs", work / "faultfile.jsonl", work / "control"
+    findings: list[Finding] = []
+    notes: list[str] = []
+    kills = replay_kills = 0
+
+    initial = "ok"
+    if plan.tracker_mode == "slow":
+        initial = f"slow {plan.slow_delay}"
+    elif plan.tracker_mode == "outage" and plan.outage_start == 0.0:
+        initial = "raise"
+    set_mode(control, initial)
+
+    experiment = f"fault-{plan.seed.replace(':', '-')}"
+    child_plan = ChildPlan(
+        log_dir=str(log_dir),
+        seed=plan.seed,
+        loop={"loop": "paced", "tight": "tight", "finish": "finish"}[plan.kill_point],
+        steps=plan.steps,
+        long_steps=plan.long_steps,
+        fsync_interval=h.fsync_interval,
+        shutdown_timeout=h.shutdown_timeout,
+        faultfile={"path": str(rows), "control": str(control)},
+        mlflow=(
+            {"tracking_uri": h.mlflow.url, "experiment_name": experiment}
+            if plan.mlflow
+            else None
+        ),
+    )
+    stderr_path = work / "child.stderr"
+    with stderr_path.open("wb") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.child", child_plan.to_json()],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO, env=h.env,
+        )
+    out = _ChildOutput(child)
+    timers: list[threading.Timer] = []
+    stopper: threading.Thread | None = None
+    try:
+        if not out.ready.wait(60) or "R" not in out.marks:
+            child.kill()
+            child.wait(10)
+            findings.append(Finding("child", "start", [], _tail(stderr_path)))
+            return IterationResult(plan, findings, {}, 0, 0, "the child never became ready")
+        if plan.tracker_mode == "outage":
+            if plan.outage_start > 0:
+                timers.append(threading.Timer(plan.outage_start, set_mode, (control, "raise")))
+            if plan.outage_end is not None:
+                timers.append(threading.Timer(plan.outage_end, set_mode, (control, "ok")))
+        if plan.mlflow_down_at is not None:
+            from tests.servers import stop_mlflow_server
+
+            stopper = threading.Timer(plan.mlflow_down_at, stop_mlflow_server, (h.mlflow,))
+            timers.append(stopper)
+        for timer in timers:
+            timer.start()
+
+        if plan.kill_point == "finish":
+            out.finishing.wait(120)
+        time.sleep(plan.kill_delay)
+        sig = getattr(signal, plan.signal)
+        kill_at = time.monotonic()
+        if child.poll() is None:
+            os.kill(child.pid, sig)
+            kills += 1
+            where = "during finish()" if out.finishing.is_set() else "in the loop"
+            last = max(out.returned, default=None)
+            notes.append(f"{plan.signal} {where}, last returned step {last}")
+        else:
+            notes.append(f"the child had exited ({child.returncode}) before the kill")
+        if sig != signal.SIGKILL:
+            try:
+                child.wait(h.shutdown_timeout + 15)
+            except subprocess.TimeoutExpired:
+                findings.append(Finding(
+                    "child", "exit", [], f"still running {h.shutdown_timeout + 15:.0f}s after "
+                    f"{plan.signal}: the signal was lost or the exit hung"))
+                kill_at = time.monotonic()
+                child.kill()
+                kills += 1
+        child.wait(30)
+        out.join(30)
+        notes.append(f"child exit {child.returncode}")
+    finally:
+        for timer in timers:
+            timer.cancel()
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+
+    # The outage ends (or the server comes back) before the replay.
+    set_mode(control, "slow 0.003" if plan.replay_slow else "ok")
+    if stopper is not None:
+        stopper.join()
+        if h.mlflow.process.poll() is not None:
+            from tests.servers import start_mlflow_server
+
+            port = int(h.mlflow.url.rsplit(":", 1)[1])
+            h.mlflow = start_mlflow_server(h.mlflow.workdir, port=port)
+
+    attempts: list[str] = []
+    for attempt in range(REPLAY_ATTEMPTS):
+        replay_out, replay_err = work / f"replay{attempt}.out", work / f"replay{attempt}.err"
+        with replay_out.open("wb") as o, replay_err.open("wb") as e:
+            replay = subprocess.Popen(
+                [sys.executable, "-m", "otel_rl.cli", "replay", str(log_dir), "--no-progress",
+                 "--timeout", "60"],
+                stdout=o, stderr=e, cwd=REPO, env=h.env,
+            )
+        if attempt == 0 and plan.replay_kill_signal:
+            try:
+                replay.wait(plan.replay_kill_delay)
+            except subprocess.TimeoutExpired:
+                replay.send_signal(getattr(signal, plan.replay_kill_signal))
+                replay_kills += 1
+                attempts.append(f"killed ({plan.replay_kill_signal})")
+        try:
+            code = replay.wait(180)
+        except subprocess.TimeoutExpired:
+            replay.kill()
+            code = replay.wait(30)
+            findings.append(Finding("replay", "hang", [], f"attempt {attempt + 1} ran for 180s"))
+        attempts.append(f"exit {code}")
+        set_mode(control, "ok")
+        if code == 0:
+            break
+    else:
+        findings.append(Finding("replay", "converge", [],
+                                f"{REPLAY_ATTEMPTS} attempts, none exited 0; last stderr: "
+                                f"{_tail(replay_err, 800)}"))
+    notes.append("replay " + ", ".join(attempts))
+
+    cutoff = kill_at - h.fsync_interval - h.grace
+    if kills == 0 and child.returncode == 0:
+        cutoff = float("inf")  # no kill reached it: finish() ran, so every step must arrive
+    got = [readers.jsonl(log_dir / "metrics.jsonl"), readers.tensorboard(log_dir / "tensorboard"),
+           readers.faultfile(rows)]
+    if plan.mlflow:
+        got.append(readers.mlflow(h.mlflow.url, experiment))
+    counts: dict[str, Counts] = {}
+    for tracker in got:
+        found, counts[tracker.tracker] = check(tracker, out.returned, cutoff)
+        findings.extend(found)
+    notes.append(f"{time.monotonic() - began:.1f}s")
+    return IterationResult(plan, findings, counts, kills, replay_kills, "; ".join(notes))
+
+
+@dataclass
+class RunSummary:
+    seed: str
+    iterations: int = 0
+    kills: int = 0  # signals that reached a live training process
+    replay_kills: int = 0  # signals that reached a live replay
+    per_tracker: dict[str, Counts] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)  # one line per iteration
+
+    def add(self, result: IterationResult) -> None:
+        self.iterations += 1
+        rows = ", ".join(
+            f"{t} {c.expected_delivered}/{c.expected}+{c.delivered - c.expected_delivered}"
+            f"{f' dup {c.duplicates}' if c.duplicates else ''}"
+            for t, c in result.counts.items()
+        )
+        self.log.append(f"{result.plan.describe()} | {result.what_happened} | {rows}")
+        self.kills += result.kills
+        self.replay_kills += result.replay_kills
+        for tracker, counts in result.counts.items():
+            self.per_tracker.setdefault(tracker, Counts())
+            self.per_tracker[tracker] += counts
+        for finding in result.findings:
+            self.failures.append(
+                f"[{result.plan.describe()}] {result.what_happened}: {finding}"
+            )
+
+    @property
+    def total(self) -> Counts:
+        total = Counts()
+        for counts in self.per_tracker.values():
+            total += counts
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "iterations": self.iterations,
+            "kills_injected": self.kills + self.replay_kills,
+            "training_kills": self.kills,
+            "replay_kills": self.replay_kills,
+            "rows_expected": self.total.expected,
+            "rows_delivered": self.total.delivered,
+            "expected_rows_delivered": self.total.expected_delivered,
+            "rows_missing": self.total.missing,
+            "duplicates": self.total.duplicates,
+            "per_tracker": {k: asdict(v) for k, v in self.per_tracker.items()},
+            "failures": self.failures,
+            "iterations_log": self.log,
+        }
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2))

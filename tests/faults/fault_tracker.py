@@ -1,0 +1,113 @@
+"""A tracker that appends rows to a JSON-lines file and misbehaves on demand.
+
+It is not a real tracker SDK: it stands for a backend that is slow or down (raising a
+``ConnectionError``, as a tracker client does when its server is unreachable), which no real
+tracker is on demand. The misbehaviour is read from a control file before every write, so the
+test process can start and end an outage while the training process runs:
+
+- ``ok``: write at once;
+- ``slow <seconds>``: sleep that long before each write;
+- ``raise``: raise ``ConnectionError``.
+
+It is found by name through a real ``otel_rl.exporters`` entry point
+(:func:`install_entry_point`), so ``otel-rl replay`` rebuilds it from the spooled config.
+Each write is one ``os.write`` on an ``O_APPEND`` descriptor: a kill leaves whole lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from otel_rl.exporters.base import TrackerExporter
+
+from otel_rl.records import RowValue, StepBatch
+
+NAME = "faultfile"
+
+
+class FaultFileTracker(TrackerExporter):
+    name: ClassVar[str] = NAME
+    max_batch: ClassVar[int] = 16
+
+    def __init__(self, path: str, control: str, **kwargs: Any) -> None:
+        self.path = path
+        self.control = control
+        self._fd: int | None = None
+        super().__init__(**kwargs)
+
+    def open(self) -> None:
+        self._fault()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
+        self.write_batches([batch])
+
+    def write_batches(self, batches: Sequence[StepBatch]) -> None:
+        self._fault()
+        lines = [
+            json.dumps({"step": b.step, "rows": {k: v for k, v in b.rows.items()
+                                                  if type(v) is float}}) + "\n"
+            for b in batches
+        ]
+        assert self._fd is not None
+        os.write(self._fd, "".join(lines).encode())
+
+    def write_position(self) -> Any:
+        return os.path.getsize(self.path) if os.path.exists(self.path) else 0
+
+    def holds_since(self, position: Any) -> bool:
+        # One os.write per batch: a batch is in the file whole or not at all.
+        return os.path.exists(self.path) and os.path.getsize(self.path) > int(position)
+
+    def close(self, exit_code: int) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _fault(self) -> None:
+        try:
+            mode = Path(self.control).read_text().split()
+        except OSError:
+            mode = ["ok"]
+        if not mode or mode[0] == "ok":
+            return
+        if mode[0] == "slow":
+            time.sleep(float(mode[1]))
+        elif mode[0] == "raise":
+            raise ConnectionError("faultfile: backend down (control file says so)")
+
+
+def set_mode(control: str | os.PathLike, mode: str) -> None:
+    """Switch the tracker's behaviour (atomically: a reader never sees half a word)."""
+    control = Path(control)
+    tmp = control.with_name(control.name + ".tmp")
+    tmp.write_text(mode)
+    tmp.replace(control)
+
+
+def install_entry_point(site: Path) -> Path:
+    """Make ``faultfile`` an installed tracker for processes with ``site`` on their path."""
+    info = site / "otel_rl_faultfile-0.1.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: otel-rl-faultfile\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[otel_rl.exporters]\n{NAME} = tests.faults.fault_tracker:FaultFileTracker\n"
+    )
+    return site
+
+
+def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, float]]]:
+    """``[(step, {key: value})]`` in the order the tracker wrote them."""
+    if not Path(path).exists():
+        return []
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            rows.append((record["step"], record["rows"]))
+    return rows
