@@ -154,8 +154,10 @@ def test_grpo_script_writes_nemo_rl_tags_and_values(log_dir):
     texts = _texts(log_dir / "tensorboard", "validation/samples")
     assert [step for step, _ in texts] == [4, 8]
     table = texts[0][1]
-    assert "What is 0 + 0?" in table and "| best 1 |" in table and "| worst 1 |" in table
-    assert "What is 4 + 4?" not in table  # only the best and the worst sample
+    # NeMo RL's choice for two samples: the highest reward and the lowest, numbered as printed.
+    assert "| 4 | 1 | 0 | 1.0 | USER: What is 0 + 0?" in table
+    assert "| 4 | 2 | 3 | 0.0 | USER: What is 3 + 3?" in table
+    assert "What is 4 + 4?" not in table
 
 
 def test_compat_imports_are_light():
@@ -245,19 +247,17 @@ def test_string_lists_append_and_batched_dicts_follow_nemo_rl_layout(log_dir):
     ]
 
 
-def test_print_message_log_samples_shows_best_and_worst_with_a_summary():
+def test_print_message_log_samples_picks_as_nemo_rl_and_shows_text_as_written():
     console = _console()
     print_message_log_samples(MESSAGES, VAL_REWARDS, num_samples=3, step=7, console=console)
     out = console.file.getvalue()
-    assert "Validation samples, step 7" in out
-    assert "samples: 6" in out and "mean: 0.4583" in out and "min: 0.0000" in out
-    titles = re.findall(r"((?:best|worst) \d+) \| sample (\d+) \| reward ([\d.]+)", out)
-    assert titles == [("best 1", "0", "1.0000"), ("best 2", "2", "1.0000"),
-                      ("worst 1", "1", "0.0000")]
-    assert "[/done]" in out  # markup-like text is shown, not interpreted
-    quiet = _console()
-    print_message_log_samples(MESSAGES, VAL_REWARDS, num_samples=0, step=7, console=quiet)
-    assert quiet.file.getvalue() == ""
+    assert "TRAINING STEP 7" in out and "End of Samples" in out
+    assert "Total Samples: 6" in out and "Avg Reward: 0.4583" in out
+    titles = re.findall(r"Sample (\d+) \| Reward: ([\d.-]+)", out)
+    # The best, the worst (the later of two zeros), then the median of the ranking.
+    assert titles == [("1", "1.0000"), ("2", "0.0000"), ("3", "0.2500")]
+    assert "The answer is 0. [/done]" in out  # markup-like text is shown, not interpreted
+    assert "What is 3 + 3?" in out and "What is 5 + 5?" in out and "What is 2 + 2?" not in out
 
 
 def test_timer_reductions_match_numpy():

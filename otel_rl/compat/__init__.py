@@ -1,7 +1,8 @@
 """Drop-in replacements for the loggers RL frameworks ship, built on :class:`otel_rl.Logger`.
 
 - :mod:`otel_rl.compat.nemo_rl`: ``nemo_rl.utils.logger`` and ``nemo_rl.utils.timer``
-  (``Logger``, ``LoggerConfig``, ``Timer``, ``flatten_dict``, ``print_message_log_samples``, ...).
+  (``Logger``, ``LoggerConfig``, ``Timer``, ``TimeoutChecker``, ``flatten_dict``,
+  ``print_message_log_samples``, ``log_container_init_timing``, ...).
 - :mod:`otel_rl.compat.verl`: ``verl.utils.tracking`` (``Tracking``,
   ``ValidationGenerationsLogger``).
 

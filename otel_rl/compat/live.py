@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -32,3 +32,11 @@ class LiveRegistry(Generic[T]):
                 if obj is not None and not getattr(obj, "finished", False):
                     return obj
         return None
+
+
+#: Live NeMo RL-compatible Loggers (``print_message_log_samples`` logs to the newest). Kept here,
+#: not in ``nemo_rl``, so that the samples module needs nothing from the Logger's module.
+NEMO_RL_LOGGERS: LiveRegistry[Any] = LiveRegistry()
+#: Live verl-compatible ``Tracking`` objects (``ValidationGenerationsLogger`` writes through the
+#: newest).
+VERL_TRACKINGS: LiveRegistry[Any] = LiveRegistry()

@@ -7,7 +7,11 @@ Change one import line::
 
 Same names, signatures and output names (``train/loss``, ``timing/train/total_step_time``,
 ``ray/node.0.gpu.0.mem_gb``, TensorBoard under ``<log_dir>/tensorboard``), with every write off the
-training thread. What differs on purpose (docs/migrating.md): ``tensorboard.log_dir`` is honoured;
+training thread. A config produces exactly the backends it enables (``Logger.loggers`` is empty
+when all are off; otel-rl's JSONL tracker only with ``jsonl_enabled: true``). With an MLflow
+tracking URI and no ``artifact_location``, a new experiment keeps its artifacts in
+``<log_dir>/mlflow``, as in NeMo RL. What differs on purpose (docs/migrating.md):
+``tensorboard.log_dir`` is honoured;
 ``get_next_experiment_dir`` looks only at ``exp_<N>`` children and is safe between concurrent
 jobs; MLflow keeps one plot file per step; a run that crashes is marked failed, not finished;
 lists are logged as summary statistics, never one key per index; ``log_batched_dict_as_jsonl``
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
@@ -28,17 +31,19 @@ try:
 except ImportError:  # Python 3.10
     from typing_extensions import NotRequired
 
-from otel_rl.compat.live import LiveRegistry
+from otel_rl.compat.common import exit_code_now, plain
+from otel_rl.compat.live import NEMO_RL_LOGGERS
 from otel_rl.compat.message_samples import (
     SAMPLE_COLUMNS,
     print_message_log_samples,
     rewards_as_floats,
 )
-from otel_rl.compat.nemo_timer import ThreadSafeTimer, Timer, convert_to_seconds
+from otel_rl.compat.nemo_timer import ThreadSafeTimer, TimeoutChecker, Timer, convert_to_seconds
 from otel_rl.compat.nemo_utils import (
     configure_rich_logging,
     flatten_dict,
     get_next_experiment_dir,
+    log_container_init_timing,
 )
 
 __all__ = [
@@ -49,6 +54,7 @@ __all__ = [
     "SwanlabConfig",
     "TensorboardConfig",
     "ThreadSafeTimer",
+    "TimeoutChecker",
     "Timer",
     "WandbConfig",
     "active_logger",
@@ -56,6 +62,7 @@ __all__ = [
     "convert_to_seconds",
     "flatten_dict",
     "get_next_experiment_dir",
+    "log_container_init_timing",
     "print_message_log_samples",
     "should_log_nemo_gym_full_result_tables",
 ]
@@ -123,12 +130,10 @@ def should_log_nemo_gym_full_result_tables(
 
 # ---- the live logger (for print_message_log_samples without a logger argument) ---------------
 
-_live: LiveRegistry[Logger] = LiveRegistry()
-
 
 def active_logger() -> Logger | None:
     """The most recently created NeMo RL-compatible Logger that is not finished, if any."""
-    return _live.latest()
+    return NEMO_RL_LOGGERS.latest()
 
 
 # ---- the Logger --------------------------------------------------------------------------------
@@ -152,6 +157,9 @@ class Logger:
         from otel_rl.artifacts import ArtifactWriter
         from otel_rl.logger import Logger as CoreLogger
 
+        # Set first: __del__ reads them even when construction fails half-way.
+        self.finished = False
+        self.gpu_monitor: Any = None
         core_cfg, self.log_nemo_gym_full_result_tables = _core_config(cfg)
         self.core = CoreLogger(core_cfg, exporters=exporters)
         self.cfg = self.core.config
@@ -164,8 +172,9 @@ class Logger:
         self.gpu_monitor = self.core.gpu_monitor
         self.num_val_samples_to_print = int(self.cfg["num_val_samples_to_print"])
         self.artifacts = ArtifactWriter(max_pending=artifact_queue)
-        self.finished = False
-        _live.add(self)
+        if not self.loggers:
+            print("No loggers initialized")  # NeMo RL's notice, on stdout as there
+        NEMO_RL_LOGGERS.add(self)
 
     # ---- NeMo RL's methods ----------------------------------------------------------------------
 
@@ -262,7 +271,7 @@ class Logger:
         if self.finished:
             return
         self.finished = True
-        code = _exit_code_now() if exit_code is None else int(exit_code)
+        code = exit_code_now() if exit_code is None else int(exit_code)
         timeout = float(self.cfg["export"]["shutdown_timeout"])
         if not self.artifacts.close(timeout):
             _log.warning("otel-rl: %d artifact dump(s) still being written at finish",
@@ -303,6 +312,17 @@ class Logger:
     def __enter__(self) -> Logger:
         return self
 
+    def __del__(self) -> None:
+        # NeMo RL stops the GPU monitor when its Logger is collected; a Logger dropped without
+        # finish() must not leave the scraper thread polling the cluster. The run itself is
+        # finished at interpreter exit (or by finish()), as the core Logger arranges.
+        try:
+            monitor = self.gpu_monitor
+            if monitor is not None and not self.finished:
+                monitor.stop()
+        except Exception:  # never raise from a finalizer
+            pass
+
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         from otel_rl.exit import exit_code_of
 
@@ -325,23 +345,37 @@ def _core_config(cfg: Any) -> tuple[dict[str, Any], bool]:
     from otel_rl.config import load_config
 
     if isinstance(cfg, (str, os.PathLike, Path)) or cfg is None:
-        plain = load_config(cfg)
+        core = load_config(cfg)
     else:
-        plain = _plain(cfg)
-    wandb = plain.get("wandb")
+        core = plain(cfg)
+    # NeMo RL creates exactly the backends a config enables: otel-rl's JSONL tracker (on by
+    # default in otel_rl.Logger) only when asked for.
+    core.setdefault("jsonl_enabled", False)
+    wandb = core.get("wandb")
     full_tables = False
     if isinstance(wandb, dict):
         full_tables = bool(wandb.pop("log_nemo_gym_full_result_tables", False))
-    return plain, full_tables
+    if core.get("mlflow_enabled"):
+        _nemo_rl_artifact_location(core)
+    return core, full_tables
 
 
-def _plain(value: Any) -> Any:
-    """Mappings (OmegaConf's included) as dicts, recursively."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+def _nemo_rl_artifact_location(core: dict[str, Any]) -> None:
+    """NeMo RL creates a new MLflow experiment with ``artifact_location`` from the config, else
+    ``<log_dir>/mlflow``. With a tracking URI (config or ``MLFLOW_TRACKING_URI``) the same holds
+    here, as an absolute path so that a server started elsewhere resolves it to the same place;
+    without one, otel-rl's local store already keeps artifacts under ``<log_dir>/mlflow``."""
+    section = core.get("mlflow")
+    if section is None:
+        section = core["mlflow"] = {}
+    if not isinstance(section, dict) or section.get("artifact_location"):
+        return
+    if not (section.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")):
+        return
+    log_dir = core.get("log_dir") or "logs"  # NeMo RL requires log_dir; "logs" is otel-rl's default
+    location = Path(str(log_dir)).absolute() / "mlflow"
+    location.mkdir(parents=True, exist_ok=True)
+    section["artifact_location"] = str(location)
 
 
 def _merge_worker_lists(metrics: Any) -> Any:
@@ -363,13 +397,3 @@ def _merge_worker_lists(metrics: Any) -> Any:
             merged[metric] = by_worker
     return {**metrics, "generation_logger_metrics": merged}
 
-
-def _exit_code_now() -> int:
-    """The exit code for a run finished right now: from the exception being handled or
-    propagating, else from the process's exit path (0 when all is well)."""
-    from otel_rl.exit import exit_code_hint, exit_code_of
-
-    exc_type, exc, _ = sys.exc_info()
-    if exc_type is not None:
-        return exit_code_of(exc_type, exc)
-    return exit_code_hint()

@@ -1,9 +1,13 @@
-"""``Timer`` and ``ThreadSafeTimer`` with the methods and reductions of ``nemo_rl.utils.timer``.
+"""``Timer``, ``ThreadSafeTimer`` and ``TimeoutChecker`` with the methods and reductions of
+``nemo_rl.utils.timer``.
 
 A Timer keeps every measured duration (seconds) per label; ``get_timing_metrics("sum")`` gives
 the ``{label: seconds}`` dict a training loop logs with ``prefix="timing/train"`` — which is how
 ``timing/train/total_step_time`` gets its name. Pure Python (no numpy): ``std`` is the population
 standard deviation, as ``numpy.std`` computes it.
+
+The DEBUG lines of every start/stop/record/mark go to the ``nemo_rl.utils.timer`` logger, the
+name NeMo RL's timer logs under, so logging configured for NeMo RL applies unchanged.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ import datetime
 import logging
 import math
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-_log = logging.getLogger("otel_rl.compat.timer")
+#: NeMo RL's logger name for its timer, kept so that existing logging configuration applies.
+LOGGER_NAME = "nemo_rl.utils.timer"
+_log = logging.getLogger(LOGGER_NAME)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -72,8 +79,10 @@ class Timer:
         """Stop timing ``label``; returns and records the elapsed seconds."""
         started = self._start_times.pop(label, None)
         if started is None:
-            running = ", ".join(self._start_times) or "none"
-            raise ValueError(f"Timer '{label}' is not running (running: {running})")
+            # NeMo RL's message, word for word.
+            raise ValueError(
+                f"Timer '{label}' is not running. Running times: {self._start_times.keys()}"
+            )
         elapsed = time.perf_counter() - started
         self._timers.setdefault(label, []).append(elapsed)
         if should_log:
@@ -230,3 +239,62 @@ def convert_to_seconds(time_string: str) -> int:
     """``"DD:HH:MM:SS"`` → seconds."""
     days, hours, minutes, seconds = (int(part) for part in time_string.split(":"))
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+class TimeoutChecker:
+    """NeMo RL's checkpoint deadline: ``check_save()`` is true once, when the job's time is up.
+
+    ``timeout`` is ``"DD:HH:MM:SS"`` counted from construction (``None``: never). With
+    ``fit_last_save_time``, the deadline is brought forward by the mean iteration time measured
+    by ``start_iterations()``/``mark_iteration()``, so that the last checkpoint starts while one
+    more iteration still fits. ``clock`` (default ``time.time``) is the time source.
+    """
+
+    def __init__(
+        self,
+        timeout: str | None = "00:03:45:00",
+        fit_last_save_time: bool = False,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock
+        self.last_save_time: float = math.inf if timeout is None else convert_to_seconds(timeout)
+        self.start_time: float = clock()
+        self.last_saved = False
+        self.iteration_times: list[float] = []
+        self.previous_iteration_time: float | None = None
+        self.fit_last_save_time = fit_last_save_time
+
+    def check_save(self) -> bool:
+        """True the first time the deadline is reached (or would be, one mean iteration
+        later, with ``fit_last_save_time``); False before it and at every later call."""
+        # NeMo RL flushes here so that a job killed right after the checkpoint keeps its output.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.last_saved:
+            return False
+        elapsed = self._clock() - self.start_time
+        margin = 0.0
+        if self.fit_last_save_time and self.iteration_times:
+            margin = math.fsum(self.iteration_times) / len(self.iteration_times)
+        if elapsed + margin >= self.last_save_time:
+            self.last_saved = True
+            return True
+        return False
+
+    def start_iterations(self) -> None:
+        """Start the clock of the first iteration."""
+        self.previous_iteration_time = self._clock()
+
+    def mark_iteration(self) -> None:
+        """End one iteration: record its duration and start the next one's clock."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.previous_iteration_time is None:
+            raise RuntimeError(
+                "TimeoutChecker.mark_iteration() called before start_iterations(): "
+                "there is no iteration start to measure from"
+            )
+        now = self._clock()
+        self.iteration_times.append(now - self.previous_iteration_time)
+        self.previous_iteration_time = now

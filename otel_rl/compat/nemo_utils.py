@@ -1,5 +1,5 @@
 """Helpers of ``nemo_rl.utils.logger``: ``flatten_dict``, ``get_next_experiment_dir``,
-``configure_rich_logging``.
+``configure_rich_logging``, ``log_container_init_timing``.
 
 ``get_next_experiment_dir`` differs on purpose: it looks only at the direct children of the base
 directory named exactly ``exp_<digits>`` (a base path that itself contains ``exp_7`` no longer
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,3 +92,44 @@ def configure_rich_logging(
         ],
     )
     _rich_configured = True
+
+
+#: Launch-script timestamps (Unix seconds) read by ``log_container_init_timing``, NeMo RL's names.
+SLURM_START_ENV = "SLURM_JOB_START_TIME"
+JOB_START_ENV = "NRL_JOB_START_EPOCH"
+RAY_READY_ENV = "NRL_RAY_READY_EPOCH"
+
+
+def log_container_init_timing() -> None:
+    """Print how long the job took to reach Python, from the launch script's timestamps.
+
+    ``NRL_JOB_START_EPOCH`` (exported by NeMo RL's ``ray.sub``) is required: without it a
+    warning on the root logger says so and nothing is printed. With it, a ``CONTAINER INIT
+    TIMING`` block on stdout gives the total; ``SLURM_JOB_START_TIME`` adds the Slurm prologue
+    (and the total then counts from Slurm's start), ``NRL_RAY_READY_EPOCH`` splits cluster
+    start-up from driver start-up. Same lines and numbers as NeMo RL's function.
+    """
+    now = time.time()
+    job_start = os.environ.get(JOB_START_ENV)
+    if not job_start:
+        logging.warning(
+            "Cannot detect container startup time: %s not set. "
+            "Ensure the launch script exports this variable for init timing.",
+            JOB_START_ENV,
+        )
+        return
+    started = float(job_start)
+    slurm_start = os.environ.get(SLURM_START_ENV)
+    ray_ready = os.environ.get(RAY_READY_ENV)
+    lines = ["", "=" * 60, " " * 14 + "CONTAINER INIT TIMING"]
+    total = now - started
+    if slurm_start:
+        lines.append(f"  slurm_prologue: {started - float(slurm_start):.1f}s")
+        total = now - float(slurm_start)
+    if ray_ready:
+        ready = float(ray_ready)
+        lines.append(f"  cluster_startup (orchestrator+container+ray): {ready - started:.1f}s")
+        lines.append(f"  driver_startup (launch+python+imports): {now - ready:.1f}s")
+    lines.append(f"  total: {total:.1f}s")
+    lines.append("=" * 60)
+    print("\n".join(lines) + "\n", flush=True)

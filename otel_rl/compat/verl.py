@@ -7,7 +7,9 @@ Change one import line::
 
 Backends ``console, wandb, mlflow, swanlab, tensorboard, trackio, file`` configured from verl's
 environment variables (:mod:`otel_rl.compat.verl_config`), every write on the trackers' own
-threads. Differences on purpose (docs/migrating.md): an unknown backend is a
+threads. ``ValidationGenerationsLogger`` writes through the live ``Tracking``, or on its own where
+none lives (verl's async rollouter). Differences on purpose (docs/migrating.md): an unknown
+backend is a
 :class:`~otel_rl.ConfigError` naming the supported ones, not an ``AssertionError``; the ``file``
 backend appends; ``finish(exit_code)`` (or leaving a ``with`` block with an exception) marks a
 crashed run failed in W&B, MLflow, SwanLab and TensorBoard's HPARAMS.
@@ -17,10 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from otel_rl.compat.live import LiveRegistry
+from otel_rl.compat.common import exit_code_now, plain
+from otel_rl.compat.live import VERL_TRACKINGS
 from otel_rl.compat.verl_config import (
     SUPPORTED_BACKENDS,
     backend_names,
@@ -34,13 +39,15 @@ _log = logging.getLogger("otel_rl")
 
 #: The table (TensorBoard text tag, W&B key, MLflow artifact folder) validation samples go to.
 GENERATIONS_KEY = "val/generations"
-
-_live: LiveRegistry[Tracking] = LiveRegistry()
+#: Columns of the generations table.
+GENERATIONS_COLUMNS = ("input", "output", "score")
+#: Backends a standalone ValidationGenerationsLogger writes with a tracker of its own.
+OWN_TRACKER_BACKENDS = ("tensorboard", "mlflow")
 
 
 def active_tracking() -> Tracking | None:
     """The most recently created :class:`Tracking` that is not finished, if any."""
-    return _live.latest()
+    return VERL_TRACKINGS.latest()
 
 
 class Tracking:
@@ -71,11 +78,13 @@ class Tracking:
         self.experiment_name = str(experiment_name)
         self.backends = backend_names(default_backend)
         self.finished = False
-        plain = _plain(config) if config is not None else None
-        cfg = core_config(self.project_name, self.experiment_name, self.backends, plain)
+        params = plain(config) if config is not None else None
+        cfg = core_config(self.project_name, self.experiment_name, self.backends, params)
         extra: list[Any] = []
         if "console" in self.backends:
-            extra.append(VerlConsoleExporter())
+            #: verl's ``LocalLogger`` of the console backend (only with ``console``, as there).
+            self.console_logger = VerlConsoleExporter()
+            extra.append(self.console_logger)
         if "file" in self.backends:
             path = file_logger_path(self.project_name, self.experiment_name)
             extra.append(VerlFileExporter(path))
@@ -84,9 +93,9 @@ class Tracking:
         self.logger: dict[str, Any] = {e.name: e for e in self.core.exporters}
         if "mlflow" in self.logger:
             use_verl_mlflow_names(self.logger["mlflow"])
-        if plain:
-            self.core.log_hyperparams(plain)
-        _live.add(self)
+        if params:
+            self.core.log_hyperparams(params)
+        VERL_TRACKINGS.add(self)
 
     def log(self, data: Mapping[str, Any], step: int, backend: str | Iterable[str] | None = None
             ) -> None:
@@ -110,9 +119,7 @@ class Tracking:
         if self.finished:
             return
         self.finished = True
-        from otel_rl.compat.nemo_rl import _exit_code_now
-
-        self.core.finish(exit_code=_exit_code_now() if exit_code is None else int(exit_code))
+        self.core.finish(exit_code=exit_code_now() if exit_code is None else int(exit_code))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every backend has written what was logged."""
@@ -164,12 +171,20 @@ class Tracking:
 class ValidationGenerationsLogger:
     """verl's ``ValidationGenerationsLogger``: ``(input, output, score)`` samples per tracker.
 
-    ``log(loggers, samples, step)`` sends them to the backends in ``loggers`` of ``tracking``
-    (default: the live :class:`Tracking`), each in its own form under ``val/generations``:
-    W&B a table with one row per validation step (``step, input_1, output_1, score_1, ...``,
-    verl's layout, rows accumulating), MLflow a JSON artifact
+    ``log(loggers, samples, step)`` sends them to the backends named in ``loggers``, each in its
+    own form under ``val/generations``: W&B a table with one row per validation step (``step,
+    input_1, output_1, score_1, ...``, verl's layout, rows accumulating), MLflow a JSON artifact
     ``tables/val/generations/step_<N>.json``, TensorBoard a Markdown table in the TEXT tab,
     SwanLab the same Markdown as ``swanlab.Text``, Trackio a table.
+
+    They go through ``tracking``, else the live :class:`Tracking` (its enabled backends only).
+    Where no Tracking lives (verl's async rollouter creates this logger on its own), it writes
+    them itself, as verl does: TensorBoard to ``TENSORBOARD_DIR`` (default
+    ``tensorboard_log/<project>/<experiment>``, or ``tensorboard_log`` without both names) and
+    MLflow to ``MLFLOW_RUN_ID``'s run or a new run, each through a tracker of its own (its own
+    thread, finished by :meth:`finish` or at exit); W&B and SwanLab to the run this process
+    already has (a warning when there is none). ``console`` and ``file`` take no generations,
+    as in verl.
     """
 
     project_name: str | None = None
@@ -179,24 +194,27 @@ class ValidationGenerationsLogger:
     def __post_init__(self) -> None:
         self._wide_columns: list[str] | None = None
         self._wide_rows: list[list[Any]] = []
+        #: Standalone: backend name → the otel-rl Logger writing it.
+        self._own: dict[str, Any] = {}
+        self._warned: set[str] = set()
 
     def log(self, loggers: str | Iterable[str], samples: Sequence[Sequence[Any]], step: int
             ) -> None:
         from otel_rl.compat.tracker_tables import cell, submit_table
 
+        names = set(backend_names(loggers))
+        rows = [tuple(cell(v) for v in _triple(sample)) for sample in samples]
         tracking = self.tracking or active_tracking()
         if tracking is None:
-            _log.warning("otel-rl: validation generations at step %s not logged: no live "
-                         "Tracking (create one first, or pass tracking=)", step)
+            self._log_standalone(names, rows, int(step))
             return
-        names = set(backend_names(loggers)) & set(tracking.backends)
-        rows = [tuple(cell(v) for v in _triple(sample)) for sample in samples]
+        names &= set(tracking.backends)
         per_tracker = {"wandb": self._wide_table(rows, int(step))} if "wandb" in names else {}
         submit_table(
             tracking.core.exporters,
             GENERATIONS_KEY,
             int(step),
-            ("input", "output", "score"),
+            GENERATIONS_COLUMNS,
             rows,
             only=names,
             per_tracker=per_tracker,
@@ -216,13 +234,103 @@ class ValidationGenerationsLogger:
     ) -> None:
         self.log(["tensorboard"], samples, step)
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Standalone: wait until this logger's own trackers have written what was logged."""
+        return all([core.flush(timeout) for core in self._own.values()])
+
+    def finish(self, exit_code: int | None = None) -> None:
+        """Standalone: drain and close this logger's own trackers (also done at exit)."""
+        own, self._own = self._own, {}
+        code = exit_code_now() if exit_code is None else int(exit_code)
+        for core in own.values():
+            core.finish(exit_code=code)
+
+    def __del__(self) -> None:
+        # Like Tracking: what this logger's own trackers hold is written when it is collected.
+        try:
+            if getattr(self, "_own", None):
+                from otel_rl.exit import exit_code_hint
+
+                self.finish(exit_code=exit_code_hint())
+        except Exception:  # never raise from a finalizer
+            pass
+
+    # ---- standalone ------------------------------------------------------------------------
+
+    def _log_standalone(self, names: set[str], rows: list[tuple[Any, ...]], step: int) -> None:
+        from otel_rl.compat.tracker_tables import submit_table
+
+        for name in sorted(names):
+            if name in OWN_TRACKER_BACKENDS:
+                core = self._own.get(name) or self._own_tracker(name)
+                submit_table(core.exporters, GENERATIONS_KEY, step, GENERATIONS_COLUMNS, rows)
+            elif name == "wandb":
+                self._to_process_wandb_run(rows, step)
+            elif name == "swanlab":
+                self._to_process_swanlab_run(rows, step)
+            elif name == "trackio":
+                self._warn_once(
+                    "trackio",
+                    "otel-rl: validation generations not logged to trackio: no live Tracking in "
+                    "this process (verl does not log generations to trackio either)",
+                )
+
+    def _own_tracker(self, name: str) -> Any:
+        from otel_rl.logger import Logger as CoreLogger
+
+        cfg = core_config(self.project_name or "", self.experiment_name or "", [name])
+        if name == "tensorboard" and not (self.project_name and self.experiment_name):
+            cfg["tensorboard"]["log_dir"] = os.environ.get("TENSORBOARD_DIR") or "tensorboard_log"
+        # A helper beside the application's own telemetry: it takes no global meters and
+        # leaves signal handling alone (interpreter exit still finishes it).
+        cfg["capture_global_meters"] = False
+        cfg["export"] = {"handle_signals": False}
+        core = self._own[name] = CoreLogger(cfg)
+        return core
+
+    def _to_process_wandb_run(self, rows: list[tuple[Any, ...]], step: int) -> None:
+        wandb = sys.modules.get("wandb")  # no import: without it there is no run to log to
+        if wandb is None or getattr(wandb, "run", None) is None:
+            self._warn_once(
+                "wandb",
+                "otel-rl: validation generations at step %s not logged to wandb: no live "
+                "Tracking and no W&B run in this process (call wandb.init() or create a "
+                "Tracking)",
+                step,
+            )
+            return
+        columns, data = self._wide_table(rows, step)
+        wandb.log({GENERATIONS_KEY: wandb.Table(columns=columns, data=data)}, step=step)
+
+    def _to_process_swanlab_run(self, rows: list[tuple[Any, ...]], step: int) -> None:
+        from otel_rl.exporters.tensorboard_summaries import markdown_table
+
+        swanlab = sys.modules.get("swanlab")
+        has_run = getattr(swanlab, "get_run", None) if swanlab is not None else None
+        if has_run is None or has_run() is None:
+            self._warn_once(
+                "swanlab",
+                "otel-rl: validation generations at step %s not logged to swanlab: no live "
+                "Tracking and no SwanLab run in this process (call swanlab.init() or create a "
+                "Tracking)",
+                step,
+            )
+            return
+        text = markdown_table(GENERATIONS_COLUMNS, rows)
+        swanlab.log({GENERATIONS_KEY: swanlab.Text(text)}, step=step)
+
+    def _warn_once(self, what: str, message: str, *args: Any) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            _log.warning(message, *args)
+
     def _wide_table(
         self, rows: list[tuple[Any, ...]], step: int
     ) -> tuple[list[str], list[list[Any]]]:
         """verl's W&B layout: one row per step holding every sample; all rows so far."""
         if self._wide_columns is None:
             self._wide_columns = ["step"] + [
-                f"{part}_{i + 1}" for i in range(len(rows)) for part in ("input", "output", "score")
+                f"{part}_{i + 1}" for i in range(len(rows)) for part in GENERATIONS_COLUMNS
             ]
         width = len(self._wide_columns) - 1
         flat = [value for row in rows for value in row][:width]
@@ -235,12 +343,3 @@ def _triple(sample: Sequence[Any]) -> tuple[Any, Any, Any]:
     values = list(sample)[:3]
     values += [""] * (3 - len(values))
     return values[0], values[1], values[2]
-
-
-def _plain(value: Any) -> Any:
-    """OmegaConf containers and other mappings as plain dicts (lists kept as lists)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

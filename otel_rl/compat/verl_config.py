@@ -84,7 +84,9 @@ def core_config(
     they are verl-format exporters the Tracking adds itself)."""
     env = os.environ if environ is None else environ
     log_dir = env.get("OTEL_RL_LOG_DIR") or os.path.join("otel_rl_logs", project, experiment)
-    cfg: dict[str, Any] = {"log_dir": log_dir, "jsonl_enabled": False, "experiment": project}
+    cfg: dict[str, Any] = {"log_dir": log_dir, "jsonl_enabled": False}
+    if project:  # a standalone ValidationGenerationsLogger may have no names
+        cfg["experiment"] = project
     if "tensorboard" in backends:
         cfg["tensorboard_enabled"] = True
         cfg["tensorboard"] = {
@@ -103,7 +105,11 @@ def core_config(
         cfg["wandb_enabled"], cfg["wandb"] = True, wandb
     if "mlflow" in backends:
         # verl: the MLflow experiment is the project, the run name the experiment.
-        mlflow: dict[str, Any] = {"experiment_name": project, "run_name": experiment}
+        mlflow: dict[str, Any] = {}
+        if project:
+            mlflow["experiment_name"] = project
+        if experiment:
+            mlflow["run_name"] = experiment
         if env.get("MLFLOW_TRACKING_URI"):
             mlflow["tracking_uri"] = env["MLFLOW_TRACKING_URI"]
         if env.get("MLFLOW_RUN_ID"):
