@@ -411,3 +411,23 @@ def _env_with_faultfile(tmp_path: Path) -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([str(site), root, env.get("PYTHONPATH", "")])
     return env
+
+
+def test_the_sdks_shutdown_timeout_keyword_is_honoured():
+    """Under the SDK's own periodic reader (``OTEL_METRICS_EXPORTER=...``), shutdown passes
+    ``timeout=`` (milliseconds): a tracker that stays down is given up on within it, not after
+    the 30 s default."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    def down(step):
+        raise ConnectionRefusedError("connection refused")
+
+    tracker = Recording(fail=down, retry_max_backoff=0.1)
+    reader = PeriodicExportingMetricReader(tracker, export_interval_millis=60_000)
+    provider = MeterProvider(metric_readers=[reader])
+    provider.get_meter("lib").create_counter("lib.requests").add(1)
+    started = time.monotonic()
+    provider.shutdown(timeout_millis=2_000)
+    assert time.monotonic() - started < 15  # well before the 30 s default
+    assert tracker.undelivered == 1
