@@ -10,6 +10,8 @@ opened for appending: a second run adds to it, never truncates it. Plots are sto
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -41,15 +43,39 @@ class JsonlExporter(TrackerExporter):
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("ab")
+        _cut_torn_tail(self.path)
+        # Unbuffered: each batch is one write of whole lines, on disk at once or not at all.
+        self._file = self.path.open("ab", buffering=0)
 
     def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
         self.write_batches([batch])
 
     def write_batches(self, batches: Sequence[StepBatch]) -> None:
         lines = [line for line in map(self.format_line, batches) if line is not None]
-        if lines:  # one write call per backlog: a crash leaves whole lines, not half a row
-            self._file.write(b"".join(lines))
+        if not lines:
+            return
+        data = b"".join(lines)
+        start = self._file.seek(0, os.SEEK_END)
+        try:
+            written = self._file.write(data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, "short write", str(self.path))
+        except OSError:
+            # A full disk wrote part of the batch: cut it back, so no line is ever torn and
+            # the retry writes the whole batch once.
+            with contextlib.suppress(OSError):
+                self._file.truncate(start)
+            raise
+
+    def write_position(self) -> Any:
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    def holds_since(self, position: Any) -> bool:
+        # Batches are written whole (above): a file longer than before holds the batch.
+        try:
+            return self.path.stat().st_size > int(position)
+        except (OSError, TypeError, ValueError):
+            return False
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         path = self.path.with_name("hyperparams.json")
@@ -86,6 +112,29 @@ class JsonlExporter(TrackerExporter):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Drop a last line without its newline (a write cut by a crash) before appending."""
+    try:
+        with path.open("r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return
+            position = max(0, size - 65536)
+            while True:
+                f.seek(position)
+                chunk = f.read(size - position)
+                cut = chunk.rfind(b"\n")
+                if cut >= 0 or position == 0:
+                    f.truncate(position + cut + 1 if cut >= 0 else 0)
+                    return
+                position = max(0, position - 65536)
+    except FileNotFoundError:
+        return
 
 
 def _line(batch: StepBatch) -> str:

@@ -16,6 +16,7 @@ import contextlib
 import copy
 import json
 import logging
+import os
 import random
 import signal
 import threading
@@ -159,10 +160,24 @@ def _replay_one(
     try:
         marks.mark(done_already + sorted(landed))
         if sendable:
-            _deliver(exporter, meta, sendable, marks, result, progress, timeout, interrupted)
+            _deliver(exporter, meta, sendable, marks, result, progress, timeout, interrupted,
+                     lambda: _save_resume(directory, meta, exporter.resume_config))
     finally:
         marks.close()
     return result
+
+
+def _save_resume(directory: Path, meta: Mapping[str, Any], resume: Mapping[str, Any]) -> None:
+    """Keep the run this replay opened (e.g. a new MLflow run when the training process died
+    before saving its own), so that the next replay continues it instead of starting another."""
+    merged = _merge(meta.get("resume") or {}, resume)
+    if not resume or merged == meta.get("resume"):
+        return
+    path = directory / "meta.json"
+    tmp = directory / "meta.json.tmp"
+    tmp.write_text(json.dumps({**meta, "resume": merged}, indent=2, sort_keys=True, default=str))
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
 
 
 def _landed_before_the_kill(directory: Path, exporter: Any, pending: set[int]) -> set[int]:
@@ -216,6 +231,7 @@ def _deliver(
     progress: bool,
     timeout: float,
     interrupted: list[int],
+    on_open: Callable[[], None],
 ) -> None:
     writer = exporter.writer()
     advance = _progress(progress, exporter.name, len(sendable))
@@ -228,7 +244,10 @@ def _deliver(
                 result.error = f"interrupted by signal {interrupted[0]}"
                 break
             chunk = _next_chunk(sendable, position, exporter.max_batch)
+            opened = writer.opened
             done, failure = writer.write(chunk, marks.note_attempt)
+            if writer.opened and not opened:
+                on_open()
             flush_failure = writer.flush() if done else None
             if flush_failure is not None:
                 failure = flush_failure

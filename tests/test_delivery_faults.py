@@ -431,3 +431,28 @@ def test_the_sdks_shutdown_timeout_keyword_is_honoured():
     provider.shutdown(timeout_millis=2_000)
     assert time.monotonic() - started < 15  # well before the 30 s default
     assert tracker.undelivered == 1
+
+
+def test_jsonl_never_holds_a_torn_line(tmp_path):
+    """Item 5: a line torn by a crash is cut before appending; a write that fills the disk
+    half-way is cut back and retried whole (RLIMIT_FSIZE gives a real EFBIG mid-write)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step":0,"time":1,"metrics":{"x":0.0}}\n{"step":1,"time":1,"metr')
+    child = textwrap.dedent(f"""
+        import resource, signal, sys
+        from otel_rl.exporters.jsonl import JsonlExporter
+        from otel_rl.records import StepBatch
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        exporter = JsonlExporter({str(path)!r})
+        writer = exporter.writer()
+        limit = {path.stat().st_size} + 300
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        batches = [(s, StepBatch(step=s, values={{"x": float(s)}})) for s in range(1, 20)]
+        done, failure = writer.write(batches)
+        print(done, failure.kind if failure else None, flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["0", "transient"], out.stderr
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert lines == [b'{"step":0,"time":1,"metrics":{"x":0.0}}\n']
