@@ -369,3 +369,39 @@ class TrackerExporter(MetricExporter):
             return
         self._warned.add(kind)
         _log.warning("otel-rl: " + message, *args)
+
+    def abandon_after_fork(self) -> None:
+        """In a fork child (called by the Logger's fork hook): the delivery, the tracker's handles
+        and the spool are the parent's. Drop them without writing anything: the child never
+        writes the parent's spool, ``meta.json`` or tracker files, and ignores what it is given.
+        Files the tracker holds (one level of objects deep) are pointed at ``/dev/null`` in the
+        child, so that an inherited buffer is never flushed into the parent's files."""
+        import io
+        import sys
+
+        self._start_lock = threading.Lock()  # a parent thread may have held it at fork
+        delivery = self._delivery
+        if delivery is not None:
+            delivery.abandon_after_fork()
+        self._spool_dir = None
+        std = {id(s) for s in (sys.stdin, sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            seen: set[int] = set()
+            todo: list[tuple[Any, int]] = [(self, 0)]
+            while todo and len(seen) < 1000:
+                obj, depth = todo.pop()
+                if id(obj) in seen or id(obj) in std:
+                    continue
+                seen.add(id(obj))
+                if isinstance(obj, io.IOBase):
+                    try:
+                        if not obj.closed and obj.fileno() > 2:
+                            os.dup2(null, obj.fileno())
+                    except (OSError, ValueError):
+                        pass
+                    continue
+                if depth < 3 and hasattr(obj, "__dict__") and not isinstance(obj, type):
+                    todo.extend((value, depth + 1) for value in vars(obj).values())
+        finally:
+            os.close(null)

@@ -577,3 +577,35 @@ class Delivery:
         with self._cond:
             self._idle = True
             self._cond.notify_all()
+
+    def abandon_after_fork(self) -> None:
+        """In a fork child: the threads, locks, queue and spool are the parent's. Forget them
+        without writing anything and ignore what is submitted from now on. The child's copies of
+        the spool's file descriptors are pointed at ``/dev/null`` first, so that bytes left in an
+        inherited buffer never reach the parent's files, even when the child collects them."""
+        import io
+        import os
+
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for holder in (self.spool, self._cursor):
+                for value in list(vars(holder).values()) if holder is not None else ():
+                    if isinstance(value, io.IOBase) and not value.closed:
+                        try:
+                            if value.fileno() > 2:
+                                os.dup2(null, value.fileno())
+                        except (OSError, ValueError):
+                            pass
+        finally:
+            os.close(null)
+        self._cond = threading.Condition()  # a parent thread may have held the old one at fork
+        self._threads = []
+        self.spool = None
+        self._cursor = None
+        self._spool_running = False
+        self._incoming.clear()
+        self._queue.clear()
+        self._overflow_from = None
+        self._inflight = self._in_transit = 0
+        self._stopping = self._abort = self._closed = True
+        self._idle = True

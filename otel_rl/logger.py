@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -15,19 +16,14 @@ from typing import Any
 
 from opentelemetry.metrics import Observation
 
+from otel_rl import lifecycle
 from otel_rl.checkpoint import PendingStepCheckpointer
 from otel_rl.config import enabled_backends, resolve_config
 from otel_rl.delivery import ExportOptions
 from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.errors import MetricError
-from otel_rl.exit import (
-    exit_code_hint,
-    exit_code_of,
-    install_excepthook,
-    install_sigterm_handler,
-    restore_sigterm_handler,
-)
 from otel_rl.keys import KeyCollisionError, KeyRegistry
+from otel_rl.lifecycle import exit_code_hint, exit_code_of
 from otel_rl.pipeline import Pipeline, build_resource
 from otel_rl.records import (
     OWN_SCOPE,
@@ -134,10 +130,9 @@ class Logger:
             self.gpu_monitor.start()
         self._atexit = _weak_atexit(self)
         atexit.register(self._atexit)
-        self._previous_sigterm = None
-        if export["handle_signals"]:
-            install_excepthook()
-            self._previous_sigterm = install_sigterm_handler()
+        # Signals raise only at safe points, sys.exit codes reach atexit, fork children disable
+        # this Logger (otel_rl/lifecycle.py).
+        lifecycle.register(self, handle_signals=bool(export["handle_signals"]))
 
     # ---- logging ------------------------------------------------------------------------------
 
@@ -313,7 +308,6 @@ class Logger:
             self._finished = True
         self._checkpointer.stop()
         atexit.unregister(self._atexit)
-        restore_sigterm_handler(self._previous_sigterm)
         if self.gpu_monitor is not None:  # its last rows must reach the trackers before they close
             self.gpu_monitor.stop()
         if self._router is not None:
@@ -333,6 +327,9 @@ class Logger:
         self._pipeline.shutdown(timeout_millis=min(timeout_ms, 10_000))
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
+        # Last, so that a signal during the drain still finds our handler; the signals go back
+        # to their previous handlers only if the application did not install its own since.
+        lifecycle.unregister(self)
 
     def __enter__(self) -> Logger:
         return self
@@ -524,8 +521,11 @@ def _shutdown_exporter(exporter: Any, timeout_ms: float, exit_code: int) -> None
 
 def _weak_atexit(logger: Logger) -> Callable[[], None]:
     ref = weakref.ref(logger)
+    pid = os.getpid()
 
     def at_exit() -> None:
+        if os.getpid() != pid:  # a fork child exiting: the run and its spool are the parent's
+            return
         target = ref()
         if target is not None:
             target.finish(exit_code=exit_code_hint())

@@ -4,7 +4,9 @@ OTel lets a process set its global MeterProvider once. A training script may cre
 Loggers over its life (one per run, in notebooks, in tests), so otel-rl installs one
 :class:`RoutedMeterProvider` as the global provider and points it at the newest live Logger's
 SDK provider. Instruments obtained through it keep working across Loggers: each resolves its
-real instrument again when the target changes (one integer comparison per measurement).
+real instrument again when the target changes (one integer comparison per measurement). When the
+newest Logger finishes, routing goes back to the newest one still live, and to nothing only when
+none is.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class RoutedMeterProvider(ApiMeterProvider):
         self._generation = 0
         self._lock = threading.Lock()
         self._observables: weakref.WeakSet[_RoutedInstrument] = weakref.WeakSet()
+        # Providers of the live Loggers, oldest first (weak: a dropped Logger is not pinned).
+        self._live: list[weakref.ref[ApiMeterProvider]] = []
 
     def get_meter(
         self,
@@ -47,17 +51,39 @@ class RoutedMeterProvider(ApiMeterProvider):
         return _RoutedMeter(self, (name, version, schema_url, attributes))
 
     def route_to(self, target: ApiMeterProvider | None) -> None:
+        """Route to ``target``, the provider of the newest live Logger (``None``: to nothing)."""
         with self._lock:
-            self._target = target
-            self._generation += 1
+            if target is not None:
+                self._live = [r for r in self._live if r() not in (None, target)]
+                self._live.append(weakref.ref(target))
+            self._switch_locked(target)
+        self._resolve_observables()
+
+    def unroute(self, target: ApiMeterProvider) -> None:
+        """``target``'s Logger finished: if it was the current one, route to the newest Logger
+        still live, or to nothing when none is."""
+        with self._lock:
+            self._live = [r for r in self._live if r() not in (None, target)]
+            if self._target is not target:
+                return
+            newest = self._live[-1]() if self._live else None
+            self._switch_locked(newest)
+        self._resolve_observables()
+
+    def reset_after_fork(self) -> None:
+        """In a fork child: a parent thread may have held the lock at fork; the inherited Loggers
+        are disabled there (:mod:`otel_rl.lifecycle`) and unroute themselves next."""
+        self._lock = threading.Lock()
+
+    def _switch_locked(self, target: ApiMeterProvider | None) -> None:
+        self._target = target
+        self._generation += 1
+
+    def _resolve_observables(self) -> None:
+        with self._lock:
             observables = list(self._observables)
         for instrument in observables:  # callbacks must be registered on the new provider now
             instrument.resolve()
-
-    def unroute(self, target: ApiMeterProvider) -> None:
-        """Stop routing to ``target`` if it is still the current one."""
-        if self._target is target:
-            self.route_to(None)
 
     @property
     def target(self) -> ApiMeterProvider | None:
@@ -159,3 +185,11 @@ def global_router() -> RoutedMeterProvider | None:
         otel_metrics.set_meter_provider(router)
         _GLOBAL = router
         return router
+
+
+def reset_after_fork() -> None:
+    """Fresh locks in a fork child (called by :mod:`otel_rl.lifecycle`'s fork hook)."""
+    global _GLOBAL_LOCK
+    _GLOBAL_LOCK = threading.Lock()
+    if _GLOBAL is not None:
+        _GLOBAL.reset_after_fork()
