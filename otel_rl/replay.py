@@ -16,7 +16,6 @@ import contextlib
 import copy
 import json
 import logging
-import os
 import random
 import signal
 import threading
@@ -29,7 +28,7 @@ from typing import Any
 from otel_rl.config import resolve_config
 from otel_rl.records import StepBatch
 from otel_rl.registry import exporter_class
-from otel_rl.spool import DoneMarks, Skipped, read_acks, scan, spool_root
+from otel_rl.spool import DoneMarks, Skipped, read_acks, scan, spool_root, write_meta
 
 _log = logging.getLogger("otel_rl")
 
@@ -173,11 +172,7 @@ def _save_resume(directory: Path, meta: Mapping[str, Any], resume: Mapping[str, 
     merged = _merge(meta.get("resume") or {}, resume)
     if not resume or merged == meta.get("resume"):
         return
-    path = directory / "meta.json"
-    tmp = directory / "meta.json.tmp"
-    tmp.write_text(json.dumps({**meta, "resume": merged}, indent=2, sort_keys=True, default=str))
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)
+    write_meta(directory, {**meta, "resume": merged})
 
 
 def _landed_before_the_kill(directory: Path, exporter: Any, pending: set[int]) -> set[int]:

@@ -308,6 +308,15 @@ def undelivered(directory: Path) -> list[tuple[int, Any]]:
     return scan(directory)[0]
 
 
+def write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
+    """Replace ``meta.json`` atomically (0600)."""
+    tmp = directory / "meta.json.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(meta, indent=2, sort_keys=True, default=str))
+    tmp.replace(directory / "meta.json")
+
+
 class DoneMarks:
     """Appends ``one N`` marks for ``otel-rl replay``: each call reaches the kernel before it
     returns, so a replay killed at any moment and run again never re-sends a marked record."""
@@ -450,11 +459,7 @@ class Spool:
         self.close_acks()
 
     def write_meta(self, meta: Mapping[str, Any]) -> None:
-        tmp = self.dir / "meta.json.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(meta, indent=2, sort_keys=True, default=str))
-        tmp.replace(self.dir / "meta.json")
+        write_meta(self.dir, meta)
 
     def _rotate(self) -> None:
         if self._segment is not None:
