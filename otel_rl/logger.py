@@ -44,6 +44,8 @@ from otel_rl.values import flatten_into
 
 _log = logging.getLogger("otel_rl")
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
 
 class Logger:
     """Log metrics, timings and hyperparameters to every enabled tracker, off the training thread.
@@ -394,6 +396,12 @@ class Logger:
                 step = int(step)
             except (TypeError, ValueError) as exc:
                 raise MetricError(step, "step must be an integer or None") from exc
+        if not _INT64_MIN <= step <= _INT64_MAX:
+            # Every tracker stores steps as int64: such a step could never be written.
+            raise MetricError(
+                "<step>", f"step {step} is outside the signed 64-bit range trackers store; "
+                "this call's values are dropped",
+            )  # fmt: skip
         seen = [s for s in (self._last_step, self._pending_step) if s is not None]
         last = max(seen) if seen else None
         if last is not None and step < last and step != self._pending_step:

@@ -456,3 +456,21 @@ def test_jsonl_never_holds_a_torn_line(tmp_path):
     assert out.stdout.split() == ["0", "transient"], out.stderr
     lines = path.read_bytes().splitlines(keepends=True)
     assert lines == [b'{"step":0,"time":1,"metrics":{"x":0.0}}\n']
+
+
+def test_a_step_beyond_int64_is_refused_at_log_metrics(tmp_path, otel_rl_warnings):
+    """Item 6: lenient mode warns and drops that call; strict mode raises MetricError; the
+    steps around it arrive."""
+    from otel_rl import MetricError
+
+    with Logger({"log_dir": str(tmp_path / "lenient")}) as logger:
+        logger.log_metrics({"x": 1.0}, step=0)
+        logger.log_metrics({"x": 2.0}, step=2**63)
+        logger.log_metrics({"x": 3.0}, step=1)
+    rows = jsonl_rows(tmp_path / "lenient" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["x"]) for r in rows] == [(0, 1.0), (1, 3.0)]
+    assert any("64-bit" in r.getMessage() for r in otel_rl_warnings.records)
+    strict = Logger({"log_dir": str(tmp_path / "strict"), "strict": True})
+    with pytest.raises(MetricError, match="64-bit"):
+        strict.log_metrics({"x": 2.0}, step=-(2**63) - 1)
+    strict.finish()
