@@ -541,6 +541,16 @@ class Delivery:
         read = self._cursor.read(start, upto, self._queue_size)
         # Nothing readable left in that range (never expected of our own spool): go on live.
         read_upto = read[-1][0] if read else upto
+        missing = read_upto - start + 1 - len(read)
+        if missing > 0:  # segments deleted or truncated from outside while the run went on
+            with self._cond:
+                self.stats["dropped"] += missing
+            self._warn_once(
+                "spool-missing",
+                "%s: %d spooled record(s) vanished from %s before delivery (deleted from "
+                "outside?); they are lost, later records go on",
+                self.name, missing, self.spool.dir,
+            )  # fmt: skip
         loaded = [(s, r) for s, r in read if not (isinstance(r, StepBatch) and r.provisional)]
         with self._cond:
             self._queue.extend(loaded)

@@ -382,7 +382,11 @@ class Spool:
         write fails (a full disk), the segment is cut back to where it was, so it never holds a
         torn line and no sequence number is used twice, and the error is raised.
         """
-        if self._segment is None or self._in_segment >= _SEGMENT_RECORDS:
+        if (
+            self._segment is None
+            or self._in_segment >= _SEGMENT_RECORDS
+            or os.fstat(self._segment.fileno()).st_nlink == 0  # deleted from outside: lines
+        ):  # written there could never be read back
             self._rotate()
         seqs: list[int | None] = []
         lines: list[str] = []

@@ -132,6 +132,9 @@ def test_worker_survives_a_spool_segment_vanishing_under_a_backlog(tmp_path, ote
     tracker.shutdown(timeout_millis=5_000)
     assert tracker.steps[:5] == [0, 1, 2, 3, 4]
     assert tracker.steps[-10:] == list(range(50, 60))
+    # what vanished is counted and named, never lost silently
+    assert tracker.stats["dropped"] == 60 - len(tracker.steps)
+    assert any("vanished" in m for m in otel_rl_warnings.messages) or tracker.stats["dropped"] == 0
     assert threading.active_count() < 50
 
 

@@ -383,8 +383,8 @@ def test_finish_leaves_a_sigterm_handler_installed_after_the_logger_alone(tmp_pa
     """In this (pytest's main) thread; no signal is sent, only handlers compared."""
     from otel_rl.lifecycle import _on_signal
 
-    original = signal.getsignal(signal.SIGTERM)
-    assert original is signal.SIG_DFL
+    # `ray.init` earlier in this process leaves its own SIGTERM handler behind.
+    original = signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def app_handler(signum, frame):  # pragma: no cover - never called
         pass
