@@ -1,0 +1,1 @@
+"""Inference-engine (vLLM, SGLang) metrics aligned to training steps."""
