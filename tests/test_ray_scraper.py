@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
+import threading
 import time
 
 import pytest
 
 from otel_rl.ray.discovery import targets_from_ray_nodes
-from otel_rl.ray.scraper import RayNodeScraper
+from otel_rl.ray.scraper import RayNodeScraper, next_slot
 from tests.gpu_nodes import H100_FIXTURE, NodeFarm, render, simulated_node
 
 TEMPLATE = H100_FIXTURE.read_text()
@@ -150,20 +150,36 @@ def test_nodes_joining_and_leaving_keep_their_ids(farm):
     assert scraper.node_ids.known() == {"node-a": 0, "node-b": 1, "node-c": 2, "node-d": 3}
 
 
-@pytest.mark.slow
-def test_rounds_run_at_a_fixed_rate_not_interval_plus_scrape_time(farm):
-    url = farm.add(render(simulated_node(0), TEMPLATE), delay=0.2)
-    scraper = RayNodeScraper([url], interval=0.4, timeout=2.0)
-    starts: list[float] = []
-    scraper.add_listener(lambda c: starts.append(c.elapsed))
+@pytest.mark.parametrize(
+    ("started", "now", "expected"),
+    [
+        (0.0, 0.2, (0.4, 0)),  # a 0.2 s round: the next starts 0.4 s after this one began
+        (0.4, 0.79, (0.8, 0)),  # not interval + round time
+        (0.0, 0.4, (0.8, 1)),  # overran by exactly one slot: that slot is skipped
+        (0.0, 1.3, (1.6, 3)),  # overran by three slots: skipped, not run back to back
+    ],
+)
+def test_rounds_keep_a_fixed_rate_and_skip_the_slots_an_overrun_covered(started, now, expected):
+    """The schedule itself (what the scraper's thread waits for), without wall-clock timing."""
+    next_at, missed = next_slot(started, now, 0.4)
+    assert (round(next_at, 9), missed) == expected
+
+
+def test_the_scraper_thread_runs_rounds_and_counts_skipped_slots(farm):
+    """A round slower than the interval: the thread goes on and counts what it skipped."""
+    url = farm.add(render(simulated_node(0), TEMPLATE), delay=0.3)
+    scraper = RayNodeScraper([url], interval=0.1, timeout=5.0)
+    rounds = threading.Semaphore(0)
+    scraper.add_listener(lambda c: rounds.release())
     scraper.start()
-    time.sleep(2.1)
-    scraper.stop()
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
-    assert len(starts) >= 4
-    # interval + scrape time would put rounds 0.6 s apart; a fixed rate keeps 0.4 s.
-    assert all(0.3 < gap < 0.55 for gap in gaps), gaps
-    assert scraper.stats["collections"] == len(starts)
+    try:
+        for _ in range(3):
+            assert rounds.acquire(timeout=30)
+    finally:
+        scraper.stop()
+    assert scraper.stats["collections"] >= 3
+    assert scraper.stats["skipped_slots"] >= 2 * 2  # each 0.3 s round covers two more slots
+    assert scraper.last is not None and scraper.last.failures == {}
 
 
 def test_stop_cancels_a_round_stuck_on_a_hanging_node(farm):

@@ -4,8 +4,8 @@ Each round (every ``interval`` seconds, measured from round start to round start
 round does not push the schedule back; missed slots are skipped rather than run back to back):
 
 1. refresh the node list (``ray.nodes()`` or a static endpoint list);
-2. GET every node's ``/metrics`` concurrently on one asyncio loop, each request bounded by
-   ``timeout`` seconds in total (connect + response), gzip accepted;
+2. GET every node's ``/metrics`` concurrently on one asyncio loop with one aiohttp session,
+   each request bounded by ``timeout`` seconds in total (connect + response), gzip accepted;
 3. parse each page (:func:`otel_rl.ray.gpu_metrics.parse_node_metrics`) and replace that node's
    entry in the cache; failures are counted per node and logged once per state change;
 4. hand the :class:`Collection` to the listeners (the tracker bridge, self-telemetry).
@@ -34,7 +34,7 @@ from otel_rl.ray.discovery import (
     ray_targets,
 )
 from otel_rl.ray.gpu_metrics import MalformedMetrics, NodeSample, parse_node_metrics
-from otel_rl.ray.http_fetch import FetchError, fetch_text
+from otel_rl.ray.http_fetch import FetchError, fetch_text, new_session
 
 _log = logging.getLogger("otel_rl")
 
@@ -225,13 +225,16 @@ class RayNodeScraper:
         return self._targets
 
     async def _fetch_all(self, numbered: list[tuple[int, NodeTarget]]) -> list[NodeResult]:
+        # The semaphore, not the connector's limit, bounds concurrency: a request waiting for a
+        # free connection must not have its deadline running.
         gate = asyncio.Semaphore(self.max_concurrency)
+        session = new_session(self.max_concurrency)
 
         async def one(node: int, target: NodeTarget) -> NodeResult:
             async with gate:
                 began = time.monotonic()
                 try:
-                    text = await fetch_text(target.url, self.timeout)
+                    text = await fetch_text(session, target.url, self.timeout)
                     sample = parse_node_metrics(text)
                 except Exception as exc:
                     kind, message = _classify(exc, self.timeout)
@@ -240,7 +243,8 @@ class RayNodeScraper:
                     )
                 return NodeResult(node, target, sample=sample, seconds=time.monotonic() - began)
 
-        return list(await asyncio.gather(*(one(n, t) for n, t in numbered)))
+        async with session:
+            return list(await asyncio.gather(*(one(n, t) for n, t in numbered)))
 
     def _run_async(self, coro: Any) -> list[NodeResult] | None:
         loop = asyncio.new_event_loop()
@@ -317,13 +321,21 @@ class RayNodeScraper:
                 self._note_state(
                     "round", f"error:{type(exc).__name__}", f"GPU monitoring round failed: {exc!r}"
                 )
-            next_at += self.interval
             now = time.monotonic()
-            if next_at <= now:
-                missed = int((now - next_at) // self.interval) + 1
-                next_at += missed * self.interval
-                self.stats["skipped_slots"] += missed
+            next_at, missed = next_slot(next_at, now, self.interval)
+            self.stats["skipped_slots"] += missed
             self._stop.wait(next_at - now)
+
+
+def next_slot(started_at: float, now: float, interval: float) -> tuple[float, int]:
+    """The start of the next round after one that started at ``started_at``, and how many
+    slots were missed: rounds keep a fixed rate (start to start), and a round that overran
+    skips the slots it covered instead of running them back to back."""
+    next_at = started_at + interval
+    if next_at > now:
+        return next_at, 0
+    missed = int((now - next_at) // interval) + 1
+    return next_at + missed * interval, missed
 
 
 def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
