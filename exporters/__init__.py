@@ -2,4 +2,36 @@
 
 Each module imports its tracker's SDK lazily, on the exporter's own thread. Use
 :func:`otel_rl.registry.exporter_class` to find one by name.
+
+This package is also the public API for writing a tracker of one's own::
+
+    from otel_rl.exporters import HistogramValue, RowRejected, StepBatch, TrackerExporter
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from otel_rl.exporters.base import TrackerExporter
+    from otel_rl.failures import RowRejected
+    from otel_rl.records import HistogramValue, StepBatch
+
+__all__ = ["HistogramValue", "RowRejected", "StepBatch", "TrackerExporter"]
+
+_PUBLIC = {
+    "TrackerExporter": "otel_rl.exporters.base",
+    "RowRejected": "otel_rl.failures",
+    "StepBatch": "otel_rl.records",
+    "HistogramValue": "otel_rl.records",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'otel_rl.exporters' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

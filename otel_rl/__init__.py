@@ -13,7 +13,16 @@ if TYPE_CHECKING:
     from otel_rl.distributed.worker import WorkerMetrics
     from otel_rl.logger import Logger
 
-__version__ = "0.1.0"
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("otel-rl")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "0+unknown"
+
+
+__version__ = _version()
 __all__ = ["ConfigError", "Logger", "MetricError", "OtelRLError", "WorkerMetrics", "__version__"]
 
 _LAZY = {"Logger": "otel_rl.logger", "WorkerMetrics": "otel_rl.distributed.worker"}

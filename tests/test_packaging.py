@@ -35,6 +35,7 @@ def test_wheel_installs_exporters_as_otel_rl_exporters(tmp_path):
     assert "otel_rl/exporters/tensorboard.py" in names
     assert "otel_rl/exporters/base.py" in names
     assert not any(n.startswith("exporters/") for n in names)
+    assert "otel_rl/py.typed" in names  # type checkers read the package's hints
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
@@ -46,8 +47,27 @@ def test_wheel_installs_exporters_as_otel_rl_exporters(tmp_path):
     code = (
         "import otel_rl.exporters.tensorboard as t, otel_rl, pathlib; "
         "p = pathlib.Path(t.__file__); assert 'site-packages' in p.parts, p; "
-        "print(t.TensorBoardExporter.name)"
+        "from otel_rl.exporters import TrackerExporter; "
+        "print(t.TensorBoardExporter.name, issubclass(t.TensorBoardExporter, TrackerExporter), "
+        "otel_rl.__version__)"
     )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "tensorboard"
+    version = wheel.name.split("-")[1]
+    assert out.stdout.split() == ["tensorboard", "True", version]
+
+
+def test_the_extension_api_is_one_public_module_and_the_version_is_the_installed_one():
+    from importlib.metadata import version
+
+    import otel_rl
+    from otel_rl.exporters import HistogramValue, RowRejected, StepBatch, TrackerExporter
+    from otel_rl.exporters.base import TrackerExporter as Base
+    from otel_rl.failures import RowRejected as Rejected
+    from otel_rl.records import HistogramValue as Histogram
+    from otel_rl.records import StepBatch as Batch
+
+    assert (TrackerExporter, RowRejected, StepBatch, HistogramValue) == (
+        Base, Rejected, Batch, Histogram
+    )
+    assert otel_rl.__version__ == version("otel-rl")
