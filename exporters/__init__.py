@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from otel_rl.exporters.base import TrackerExporter
+
     from otel_rl.failures import RowRejected
     from otel_rl.records import HistogramValue, StepBatch
 
