@@ -21,8 +21,8 @@ class Timer:
 
     ``record`` is the histogram's ``record``. Nested and concurrent uses of one Timer object
     each measure their own interval. With a ``tracer`` each use is also an OTel span named
-    ``span_name``, a child of whatever span is current (so nested timers nest); without one the
-    only extra cost is a ``None`` check.
+    ``span_name``, a child of whatever span is current (so nested timers nest), whose duration
+    is exactly the recorded value; without one the only extra cost is a ``None`` check.
     """
 
     __slots__ = ("_attributes", "_record", "_span_name", "_spans", "_starts", "_tracer")
@@ -43,16 +43,19 @@ class Timer:
 
     def __enter__(self) -> Timer:
         if self._spans is not None:
-            span = self._tracer.start_as_current_span(self._span_name, attributes=self._attributes)
-            span.__enter__()
-            self._spans.append(span)
+            scope = self._tracer.start_as_current_span(
+                self._span_name, attributes=self._attributes, end_on_exit=False
+            )
+            self._spans.append((scope, scope.__enter__()))
         self._starts.append(time.perf_counter())
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._record(time.perf_counter() - self._starts.pop())
+        elapsed = time.perf_counter() - self._starts.pop()
+        self._record(elapsed)
         if self._spans is not None:
-            self._spans.pop().__exit__(*exc)
+            scope, span = self._spans.pop()
+            _end_span(scope, span, elapsed, exc)
 
     def __call__(self, fn: F) -> F:
         record = self._record
@@ -71,10 +74,31 @@ class Timer:
 
         @functools.wraps(fn)
         def traced(*args: Any, **kwargs: Any) -> Any:
-            with tracer.start_as_current_span(name, attributes=attributes):
-                return timed(*args, **kwargs)
+            scope = tracer.start_as_current_span(name, attributes=attributes, end_on_exit=False)
+            span = scope.__enter__()
+            start = time.perf_counter()
+            exc: tuple[Any, Any, Any] = (None, None, None)
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as error:
+                exc = (type(error), error, error.__traceback__)
+                raise
+            finally:
+                elapsed = time.perf_counter() - start
+                record(elapsed)
+                _end_span(scope, span, elapsed, exc)
 
         return traced  # type: ignore[return-value]
+
+
+def _end_span(scope: Any, span: Any, elapsed: float, exc: tuple[Any, ...]) -> None:
+    """Leave the span's scope (recording an exception) and end it ``elapsed`` seconds after its
+    start: the span's duration is the timer's value, to the nanosecond."""
+    try:
+        scope.__exit__(*exc)
+    finally:
+        start = getattr(span, "start_time", None)
+        span.end(end_time=None if start is None else start + round(elapsed * 1e9))
 
 
 class TimerFactory:

@@ -11,7 +11,7 @@ from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.exemplar import AlwaysOffExemplarFilter
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from otel_rl.distributed.reductions import REDUCTIONS, ReductionConflictError
 from otel_rl.distributed.snapshot import (
@@ -31,7 +31,7 @@ from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.records import OWN_SCOPE
 from otel_rl.step_reader import StepReader
 from otel_rl.timing import Timer, TimerFactory
-from otel_rl.tracing import build_tracer_provider
+from otel_rl.tracing import RUN_ID_BAGGAGE, build_tracer_provider, hook_active, hook_resource
 
 #: The scope of ``WorkerMetrics.meter``.
 USER_SCOPE = "otel_rl.worker"
@@ -47,8 +47,12 @@ class WorkerMetrics:
     ``snapshot()`` returns everything since the previous snapshot as plain, picklable data
     (see :mod:`otel_rl.distributed.snapshot`) for ``Logger.log_worker_metrics`` on the driver.
 
-    With ``tracing=True`` each timer is also a span (exported to OTLP when ``otlp`` — the logger's
-    ``otlp`` config section — is given; ``tracer_provider`` accepts more span processors).
+    With tracing each timer is also a span, a child of whatever span is current — in a Ray actor
+    method called by a traced driver, the driver's (docs/tracing.md). ``tracing=None`` (default)
+    traces when the Ray tracing hook (``otel_rl.ray.tracing:setup``) ran in this process and then
+    exports through the hook's OTLP exporter; ``tracing=True`` always traces, exporting to OTLP
+    when ``otlp`` — the logger's ``otlp`` config section — is given, else through the hook's
+    exporter if any (``tracer_provider`` accepts more span processors).
     """
 
     def __init__(
@@ -56,7 +60,7 @@ class WorkerMetrics:
         rank: int = 0,
         role: str = "worker",
         *,
-        tracing: bool = False,
+        tracing: bool | None = None,
         otlp: Mapping[str, Any] | None = None,
         run_id: str | None = None,
     ) -> None:
@@ -70,7 +74,12 @@ class WorkerMetrics:
         }
         if run_id:
             attributes["otel_rl.run_id"] = run_id
+        if "service.name" not in OTELResourceDetector().detect().attributes:
+            # the driver's default, unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES name it
+            attributes["service.name"] = "otel-rl"
         self.resource = Resource.create(attributes)
+        if tracing is None:
+            tracing = hook_active()
         self._reader = StepReader()
         self.meter_provider = MeterProvider(
             metric_readers=[self._reader],
@@ -82,8 +91,16 @@ class WorkerMetrics:
         #: gauges follow the driver's ``reductions`` (default ``mean``).
         self.meter = self.meter_provider.get_meter(USER_SCOPE)
         self._own_meter = self.meter_provider.get_meter(OWN_SCOPE)
-        self.tracer_provider = build_tracer_provider(tracing, otlp, self.resource)
-        self._tracer = self.tracer_provider.get_tracer(OWN_SCOPE) if self.tracer_provider else None
+        self._otlp = otlp
+        self._tracer_provider: Any = None
+        self._tracer: Any = None
+        if tracing:
+            if otlp is None and "otel_rl.run_id" not in self.resource.attributes:
+                # The run id arrives with the first traced call (the driver's baggage): the
+                # provider, whose resource names the run, is built then.
+                self._tracer = _LazyTracer(self._build_tracer_provider)
+            else:
+                self._tracer = self._build_tracer_provider(None).get_tracer(OWN_SCOPE)
         self._span_attributes = {"otel_rl.role": self.role, "otel_rl.rank": self.rank}
         self._keys = KeyRegistry()
         self._timers = TimerFactory(
@@ -158,11 +175,28 @@ class WorkerMetrics:
         add_otel_data(snap, self._reader.take(), self._timer_key, now)
         return snap
 
+    @property
+    def tracer_provider(self) -> Any:
+        """The provider of this worker's timer spans (``None`` without tracing)."""
+        if self._tracer_provider is None and isinstance(self._tracer, _LazyTracer):
+            self._tracer.resolve(None)
+        return self._tracer_provider
+
     def close(self) -> None:
         """Shut the worker's providers down (flushes spans to OTLP, if configured)."""
         self.meter_provider.shutdown(timeout_millis=5_000)
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
+        if self._tracer_provider is not None:
+            self._tracer_provider.shutdown()
+
+    def _build_tracer_provider(self, run_id: str | None) -> Any:
+        resource = self.resource
+        if run_id and "otel_rl.run_id" not in resource.attributes:
+            resource = resource.merge(Resource({"otel_rl.run_id": run_id}))
+        base = hook_resource()
+        if base is not None:  # the process's service name and Ray node, then this worker's own
+            resource = base.merge(resource)
+        self._tracer_provider = build_tracer_provider(True, self._otlp, resource)
+        return self._tracer_provider
 
     def __enter__(self) -> WorkerMetrics:
         return self
@@ -192,3 +226,34 @@ class WorkerMetrics:
         if scope != OWN_SCOPE:
             return None
         return self._keys.key_for(instrument)
+
+
+class _LazyTracer:
+    """A tracer whose provider is built at the first span, once the run id of the driver that
+    called this worker is known from the W3C baggage of the call."""
+
+    __slots__ = ("_build", "_lock", "_tracer")
+
+    def __init__(self, build: Any) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._tracer: Any = None
+
+    def resolve(self, context: Any) -> Any:
+        tracer = self._tracer
+        if tracer is None:
+            from opentelemetry import baggage
+
+            with self._lock:
+                if self._tracer is None:
+                    run_id = baggage.get_baggage(RUN_ID_BAGGAGE, context)
+                    provider = self._build(str(run_id) if run_id is not None else None)
+                    self._tracer = provider.get_tracer(OWN_SCOPE)
+                tracer = self._tracer
+        return tracer
+
+    def start_as_current_span(self, name: str, context: Any = None, **kwargs: Any) -> Any:
+        return self.resolve(context).start_as_current_span(name, context=context, **kwargs)
+
+    def start_span(self, name: str, context: Any = None, **kwargs: Any) -> Any:
+        return self.resolve(context).start_span(name, context=context, **kwargs)
