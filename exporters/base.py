@@ -30,14 +30,13 @@ from otel_rl.exporters.step_order import StepOrder
 
 from otel_rl.delivery import Delivery, ExportOptions, PartialWrite, TrackerHooks, TrackerWriter
 from otel_rl.failures import Failure, RowRejected, classify
-from otel_rl.records import RowValue, StepBatch
+from otel_rl.records import Record, RowValue, StepBatch
 from otel_rl.step_reader import STEP_TEMPORALITY
 
 _log = logging.getLogger("otel_rl")
 
 __all__ = ["RowRejected", "TrackerExporter"]
 
-Record = Any  # StepBatch | anything with ``deliver_to(exporter)`` (otel_rl.records)
 
 
 class TrackerExporter(MetricExporter):

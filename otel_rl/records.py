@@ -1,19 +1,23 @@
 """What flows from the training thread to the tracker exporters' threads.
 
-Every record is immutable once handed over. A :class:`StepBatch` carries the logged values of one
-step (the side channel that keeps NaN and text) plus the OTel data collected for that step; its
-``rows`` are computed once, lazily, by whichever exporter thread asks first — never on the
-training thread.
+Every record kind is a :class:`Record`: it names the exporter hook it goes to (``deliver_to``)
+and how it is written to and read back from the spool (``encode``/``decode``), so that every
+record a tracker is given can also be replayed. Every record is immutable once handed over.
+
+A :class:`StepBatch` carries the logged values of one step (the side channel that keeps NaN and
+text) plus the OTel data collected for that step; its ``rows`` are computed once, lazily, by
+whichever exporter thread asks first — never on the training thread.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -59,20 +63,53 @@ class HistogramValue:
 RowValue = Union[float, str, HistogramValue]  # noqa: UP007 (a runtime alias)
 
 
+class Record:
+    """One kind of thing a tracker is given. Subclasses set ``kind`` (its name in the spool),
+    and implement ``deliver_to`` (call the exporter's hook for it), ``encode`` (a JSON object)
+    and ``decode`` (the record back from that object)."""
+
+    kind: ClassVar[str]
+    #: Record classes by ``kind``, for reading the spool back.
+    kinds: ClassVar[dict[str, type[Record]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Record.kinds[cls.kind] = cls
+
+    def deliver_to(self, exporter: Any) -> None:
+        raise NotImplementedError
+
+    def encode(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Record:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class Hyperparams:
+class Hyperparams(Record):
     """Run configuration, flattened to ``{"a/b": value}``."""
 
+    kind: ClassVar[str] = "hyperparams"
     params: Mapping[str, Any]
 
     def deliver_to(self, exporter: Any) -> None:
         exporter.write_hyperparams(self.params)
 
+    def encode(self) -> dict[str, Any]:
+        return {"params": {k: plain(v) for k, v in self.params.items()}}
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Hyperparams:
+        return cls(dict(body["params"]))
+
 
 @dataclass(frozen=True)
-class Plot:
+class Plot(Record):
     """A rendered figure (PNG bytes) at a step."""
 
+    kind: ClassVar[str] = "plot"
     name: str
     step: int
     png: bytes
@@ -80,11 +117,23 @@ class Plot:
     def deliver_to(self, exporter: Any) -> None:
         exporter.write_plot(self.name, self.step, self.png)
 
+    def encode(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "step": self.step,
+            "png": base64.b64encode(self.png).decode("ascii"),
+        }
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Plot:
+        return cls(str(body["name"]), int(body["step"]), base64.b64decode(body["png"]))
+
 
 @dataclass(frozen=True)
-class Table:
+class Table(Record):
     """Rows of a table (e.g. validation samples) at a step; cells are str, int or float."""
 
+    kind: ClassVar[str] = "table"
     name: str
     step: int
     columns: tuple[str, ...]
@@ -93,9 +142,35 @@ class Table:
     def deliver_to(self, exporter: Any) -> None:
         exporter.write_table(self.name, self.step, self.columns, self.rows)
 
+    def encode(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "step": self.step,
+            "columns": list(self.columns),
+            "rows": [[plain(c) for c in row] for row in self.rows],
+        }
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Table:
+        return cls(
+            str(body["name"]),
+            int(body["step"]),
+            tuple(map(str, body["columns"])),
+            tuple(map(tuple, body["rows"])),
+        )
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON can hold it: scalars as they are, sequences as lists, the rest as text."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return str(value)
+
 
 @dataclass(eq=False)
-class StepBatch:
+class StepBatch(Record):
     """Everything logged at one step (or one point of another axis, see ``axis``).
 
     ``axis`` is ``None`` for the training step; otherwise the name of the custom x-axis
@@ -109,6 +184,7 @@ class StepBatch:
     step was never sealed).
     """
 
+    kind: ClassVar[str] = "step"
     step: int
     values: Mapping[str, RowValue] = field(default_factory=dict)
     otel: Sequence[MetricsData] = ()
@@ -136,6 +212,60 @@ class StepBatch:
                     rows.update(self.values)
                     self._rows = rows
         return rows
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_step(self.step, self.rows, self)
+
+    def encode(self) -> dict[str, Any]:
+        """The rows are computed here (on the spool thread), never on the caller's."""
+        body: dict[str, Any] = {
+            "step": self.step,
+            "time": self.time,
+            "axis": self.axis,
+            "step_metrics": dict(self.step_metrics),
+            "rows": {k: _encode_value(v) for k, v in self.rows.items()},
+        }
+        if self.seal is not None:
+            body["seal"] = self.seal
+        if self.provisional:
+            body["provisional"] = True
+        return body
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> StepBatch:
+        step, rows = body["step"], body["rows"]
+        if type(step) is not int or not isinstance(rows, dict):
+            raise TypeError(f"step {step!r} / rows of type {type(rows).__name__}")
+        return cls(
+            step=step,
+            values={str(k): _decode_value(v) for k, v in rows.items()},
+            time=float(body["time"]),
+            axis=body["axis"],
+            step_metrics=dict(body.get("step_metrics") or {}),
+            seal=body.get("seal"),
+            provisional=bool(body.get("provisional", False)),
+        )
+
+
+def _encode_value(value: RowValue) -> Any:
+    if isinstance(value, HistogramValue):
+        return {
+            "__histogram__": [
+                list(value.bounds), list(value.counts), value.count, value.sum, value.min, value.max
+            ]
+        }
+    return value  # float (NaN/inf as JSON's NaN/Infinity tokens, which json reads back) or str
+
+
+def _decode_value(value: Any) -> RowValue:
+    if isinstance(value, dict) and "__histogram__" in value:
+        bounds, counts, count, total, lo, hi = value["__histogram__"]
+        return HistogramValue(tuple(bounds), tuple(counts), count, total, lo, hi)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"row value of type {type(value).__name__}")
 
 
 def rows_from_metrics(

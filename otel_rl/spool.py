@@ -16,7 +16,6 @@ Segments whose records are all done are deleted by the side that marks them done
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import itertools
 import json
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_rl.records import HistogramValue, Hyperparams, Plot, StepBatch, Table
+from otel_rl.records import Record, StepBatch
 
 SPOOL_DIRNAME = ".otel-rl/spool"
 _SEGMENT_RECORDS = 20_000
@@ -75,38 +74,10 @@ class CorruptRecord(ValueError):
 
 
 def encode_record(seq: int, record: Any) -> str:
-    """One JSON line for ``record`` (rows of a StepBatch are computed here, off the caller)."""
-    if isinstance(record, StepBatch):
-        body: dict[str, Any] = {
-            "kind": "step",
-            "step": record.step,
-            "time": record.time,
-            "axis": record.axis,
-            "step_metrics": dict(record.step_metrics),
-            "rows": {k: _encode_value(v) for k, v in record.rows.items()},
-        }
-        if record.seal is not None:
-            body["seal"] = record.seal
-        if record.provisional:
-            body["provisional"] = True
-    elif isinstance(record, Hyperparams):
-        body = {"kind": "hyperparams", "params": {k: _plain(v) for k, v in record.params.items()}}
-    elif isinstance(record, Plot):
-        body = {
-            "kind": "plot",
-            "name": record.name,
-            "step": record.step,
-            "png": base64.b64encode(record.png).decode("ascii"),
-        }
-    elif isinstance(record, Table):
-        body = {
-            "kind": "table",
-            "name": record.name,
-            "step": record.step,
-            "columns": list(record.columns),
-            "rows": [[_plain(c) for c in row] for row in record.rows],
-        }
-    else:  # a record type this spool does not know: delivered live, not replayable
+    """One JSON line for ``record``."""
+    if isinstance(record, Record):
+        body = {"kind": record.kind, **record.encode()}
+    else:  # an object of a third party's own: delivered live, not replayable
         body = {"kind": "opaque", "type": type(record).__name__}
     body["seq"] = seq
     return json.dumps(body, separators=(",", ":"), default=str) + "\n"
@@ -124,70 +95,15 @@ def decode_record(line: str) -> tuple[int, Any]:
         seq, kind = body["seq"], body["kind"]
         if type(seq) is not int or seq < 1:
             raise TypeError(f"seq {seq!r} is not a positive integer")
-        return seq, _decode_body(kind, body)
+        if kind == "opaque":
+            return seq, None
+        if kind not in Record.kinds:
+            raise TypeError(f"unknown record kind {kind!r}")
+        return seq, Record.kinds[kind].decode(body)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         if isinstance(exc, CorruptRecord):
             raise
         raise CorruptRecord(f"{type(exc).__name__}: {exc}") from exc
-
-
-def _decode_body(kind: str, body: dict[str, Any]) -> Any:
-    if kind == "step":
-        step, rows = body["step"], body["rows"]
-        if type(step) is not int or not isinstance(rows, dict):
-            raise TypeError(f"step {step!r} / rows of type {type(rows).__name__}")
-        return StepBatch(
-            step=step,
-            values={str(k): _decode_value(v) for k, v in rows.items()},
-            time=float(body["time"]),
-            axis=body["axis"],
-            step_metrics=dict(body.get("step_metrics") or {}),
-            seal=body.get("seal"),
-            provisional=bool(body.get("provisional", False)),
-        )
-    if kind == "hyperparams":
-        return Hyperparams(dict(body["params"]))
-    if kind == "plot":
-        return Plot(str(body["name"]), int(body["step"]), base64.b64decode(body["png"]))
-    if kind == "table":
-        return Table(
-            str(body["name"]),
-            int(body["step"]),
-            tuple(map(str, body["columns"])),
-            tuple(map(tuple, body["rows"])),
-        )
-    if kind == "opaque":
-        return None
-    raise TypeError(f"unknown record kind {kind!r}")
-
-
-def _encode_value(value: Any) -> Any:
-    if isinstance(value, HistogramValue):
-        return {
-            "__histogram__": [
-                list(value.bounds), list(value.counts), value.count, value.sum, value.min, value.max
-            ]
-        }
-    return value  # float (NaN/inf as JSON's NaN/Infinity tokens, which json reads back) or str
-
-
-def _decode_value(value: Any) -> Any:
-    if isinstance(value, dict) and "__histogram__" in value:
-        bounds, counts, count, total, lo, hi = value["__histogram__"]
-        return HistogramValue(tuple(bounds), tuple(counts), count, total, lo, hi)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        return value
-    raise TypeError(f"row value of type {type(value).__name__}")
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return str(value)
 
 
 # ---- reading ----------------------------------------------------------------------------------
