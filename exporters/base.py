@@ -28,10 +28,11 @@ from opentelemetry.sdk.metrics.export import (
 )
 from otel_rl.exporters.step_order import StepOrder
 
-from otel_rl.delivery import Delivery, ExportOptions, PartialWrite, TrackerHooks, TrackerWriter
+from otel_rl.delivery import Delivery, ExportOptions
 from otel_rl.failures import Failure, RowRejected, classify
 from otel_rl.records import Record, RowValue, StepBatch
 from otel_rl.step_reader import STEP_TEMPORALITY
+from otel_rl.tracker_writer import PartialWrite, TrackerHooks, TrackerWriter
 
 _log = logging.getLogger("otel_rl")
 
