@@ -1,14 +1,17 @@
 """Logger configuration: NeMo RL's logger keys plus otel-rl's own, validated up front.
 
-A config is a plain mapping (or a YAML file). ``resolve_config`` merges it over the defaults,
-rejects unknown keys with the nearest valid one, and checks types, so a typo fails at start-up
-instead of silently disabling a tracker.
+A config is a plain mapping (or a YAML file). ``resolve_config`` merges it over the defaults and
+checks every key against the one declaration in :mod:`otel_rl.config_schema` (types, bounds,
+choices; unknown keys get the nearest valid one), then the settings of each enabled tracker
+(:mod:`otel_rl.tracker_settings`), so a mistake fails when the Logger is built instead of
+silently switching a feature on or failing later on a tracker's thread.
+
+The schema needs pydantic, so it is imported on the first ``resolve_config`` (or ``DEFAULTS``)
+and ``import otel_rl`` stays light.
 """
 
 from __future__ import annotations
 
-import copy
-import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +19,8 @@ from typing import Any
 
 from otel_rl.errors import ConfigError
 
-#: Sub-dicts that are handed to a tracker's SDK as they are (any key allowed).
+#: Sub-dicts that are handed to a tracker's SDK as they are; the keys of an enabled tracker's
+#: section are checked against what that tracker accepts (otel_rl.tracker_settings).
 PASSTHROUGH_SECTIONS = ("wandb", "mlflow", "swanlab", "trackio", "trackers")
 
 #: Tracker backends and the config flag that enables each.
@@ -30,72 +34,6 @@ BACKEND_FLAGS = {
     "trackio": "trackio_enabled",
 }
 
-DEFAULTS: dict[str, Any] = {
-    "log_dir": "logs",
-    # NeMo RL's keys
-    "wandb_enabled": False,
-    "tensorboard_enabled": False,
-    "mlflow_enabled": False,
-    "swanlab_enabled": False,
-    "monitor_gpus": False,
-    "num_val_samples_to_print": 0,
-    # endpoints: static "http://host:port/metrics" list instead of ray.nodes() discovery;
-    # timeout: seconds for one node's whole request (see docs/gpu-monitoring.md)
-    "gpu_monitoring": {
-        "collection_interval": 10.0,
-        "flush_interval": 10.0,
-        "endpoints": [],
-        "timeout": 5.0,
-    },
-    "wandb": {},
-    "mlflow": {},
-    "swanlab": {},
-    "tensorboard": {"log_dir": None},
-    # otel-rl's keys
-    "console_enabled": False,
-    "jsonl_enabled": True,
-    "trackio_enabled": False,
-    "trackio": {},
-    "jsonl": {"path": None},
-    "console": {"every": 1},
-    "otlp": {
-        "enabled": False,
-        "endpoint": None,
-        "protocol": None,
-        # null: the OTEL_* env var, then otel-rl's default (see otel_rl/otlp.py)
-        "interval": None,
-        "timeout": None,
-        "headers": {},
-        "insecure": None,
-        "histogram": None,
-    },
-    "prometheus": {"enabled": False, "host": "127.0.0.1", "port": 9464},
-    "export": {
-        "queue_size": 10_000,
-        "on_full": "spool",
-        "shutdown_timeout": 30.0,
-        "retry_max_backoff": 10.0,
-        "spool": True,
-        "fsync_interval": 1.0,
-        "handle_signals": True,
-    },
-    "strict": False,
-    "capture_global_meters": True,
-    "service_name": None,
-    "run_id": None,
-    "experiment": None,
-    "role": "driver",
-    "rank": 0,
-    # how worker metrics combine across ranks, by key or glob pattern (docs/distributed.md)
-    "reductions": {},
-    "tracing": {"enabled": False},
-    # more trackers by registry name, each with its options: {"mytracker": {...}}; built-in
-    # and third-party ones (the otel_rl.exporters entry-point group), see docs/backends/
-    "trackers": {},
-}
-
-_ON_FULL = ("spool", "block", "drop_oldest")
-
 
 def load_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
     """Return the user's raw config from a mapping, a YAML file path, or ``None``.
@@ -107,6 +45,11 @@ def load_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[st
         return {}
     if isinstance(source, Mapping):
         return dict(source)
+    if not isinstance(source, (str, os.PathLike)):
+        raise ConfigError(
+            "the logger config must be a mapping or the path of a YAML file, got "
+            f"{type(source).__name__}"
+        )
     path = Path(source)
     if not path.is_file():
         raise ConfigError(f"logger config file not found: {path}")
@@ -122,11 +65,16 @@ def load_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[st
 
 
 def resolve_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
-    """Merge ``source`` over :data:`DEFAULTS` and validate it; returns a new dict."""
-    user = load_config(source)
-    cfg = copy.deepcopy(DEFAULTS)
-    _merge(cfg, user, path="")
+    """Merge ``source`` over the defaults and validate it; returns a new plain nested dict.
+
+    Raises :class:`ConfigError` naming each wrong key, its value and what it takes.
+    """
+    from otel_rl.config_schema import validate
+    from otel_rl.tracker_settings import check_tracker_settings
+
+    cfg = validate(load_config(source))
     _check(cfg)
+    check_tracker_settings(cfg)
     return cfg
 
 
@@ -137,75 +85,30 @@ def enabled_backends(cfg: Mapping[str, Any]) -> list[str]:
     return names
 
 
-def _merge(into: dict[str, Any], user: Mapping[str, Any], path: str) -> None:
-    for key, value in user.items():
-        where = f"{path}{key}"
-        if not isinstance(key, str) or key not in into:
-            raise ConfigError(_unknown_key_message(key, into, where))
-        default = into[key]
-        if key in PASSTHROUGH_SECTIONS and not path:
-            if value is None:
-                value = {}
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"logger config '{where}' must be a mapping, got {value!r}")
-            into[key] = dict(value)
-        elif isinstance(default, dict) and key not in ("headers", "reductions"):
-            if value is None:
-                continue
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"logger config '{where}' must be a mapping, got {value!r}")
-            _merge(default, value, path=f"{where}.")
-        else:
-            into[key] = value
+def __getattr__(name: str) -> Any:
+    # DEFAULTS comes from the schema, which imports pydantic: built on first use only.
+    if name == "DEFAULTS":
+        from otel_rl.config_schema import defaults
+
+        value = defaults()
+        globals()["DEFAULTS"] = value
+        return value
+    raise AttributeError(f"module 'otel_rl.config' has no attribute {name!r}")
 
 
-def _unknown_key_message(key: object, known: Mapping[str, Any], where: str) -> str:
-    near = difflib.get_close_matches(str(key), [str(k) for k in known], n=1, cutoff=0.6)
-    hint = f"; did you mean '{near[0]}'?" if near else f"; valid keys: {', '.join(sorted(known))}"
-    return f"unknown logger config key '{where}'{hint}"
+#: Every key with its default (a plain nested dict, from :mod:`otel_rl.config_schema`).
+DEFAULTS: dict[str, Any]
 
 
 def _check(cfg: dict[str, Any]) -> None:
-    for flag in [*BACKEND_FLAGS.values(), "monitor_gpus", "strict", "capture_global_meters"]:
-        _expect(cfg, flag, bool)
-    _expect(cfg, "log_dir", (str, os.PathLike))
-    _expect(cfg, "num_val_samples_to_print", int)
-    for name, options in list(cfg["trackers"].items()):
-        if options is None:
-            cfg["trackers"][name] = {}
-        elif not isinstance(name, str) or not isinstance(options, Mapping):
-            raise ConfigError(
-                f"logger config 'trackers.{name}' must map a tracker name to its options"
-            )
-    gpu = cfg["gpu_monitoring"]
-    for key in ("collection_interval", "flush_interval", "timeout"):
-        if not isinstance(gpu[key], (int, float)) or gpu[key] <= 0:
-            raise ConfigError(f"logger config 'gpu_monitoring.{key}' must be a positive number")
-    endpoints = gpu["endpoints"]
-    if endpoints is None:
-        gpu["endpoints"] = []
-    elif isinstance(endpoints, str) or not all(isinstance(e, str) for e in endpoints):
-        raise ConfigError("logger config 'gpu_monitoring.endpoints' must be a list of URLs")
-    _check_gpu_sources(cfg)
+    """What involves several keys or another module's rules (the schema checked each key)."""
     export = cfg["export"]
-    if export["on_full"] not in _ON_FULL:
-        raise ConfigError(
-            f"logger config 'export.on_full' must be one of {', '.join(_ON_FULL)}, "
-            f"got {export['on_full']!r}"
-        )
-    if not isinstance(export["queue_size"], int) or export["queue_size"] < 1:
-        raise ConfigError("logger config 'export.queue_size' must be a positive integer")
     if export["on_full"] == "spool" and not export["spool"]:
         raise ConfigError(
             "logger config 'export.on_full: spool' needs 'export.spool: true'; "
             "choose 'block' or 'drop_oldest' without a spool"
         )
-    if not isinstance(export["fsync_interval"], (int, float)) or export["fsync_interval"] <= 0:
-        raise ConfigError("logger config 'export.fsync_interval' must be a positive number")
-    if cfg["console"]["every"] < 1:
-        raise ConfigError("logger config 'console.every' must be >= 1")
-    if not isinstance(cfg["tracing"]["enabled"], bool):
-        raise ConfigError("logger config 'tracing.enabled' must be bool")
+    _check_gpu_sources(cfg)
     from otel_rl.distributed.reductions import check_reductions
 
     check_reductions(cfg["reductions"])
@@ -229,10 +132,3 @@ def _check_gpu_sources(cfg: Mapping[str, Any]) -> None:
             "monitor_gpus needs Ray to find the nodes (pip install 'otel-rl[ray]') or a "
             "list of metrics endpoints in gpu_monitoring.endpoints"
         )
-
-
-def _expect(cfg: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> None:
-    value = cfg[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise ConfigError(f"logger config '{key}' must be {names}, got {value!r}")

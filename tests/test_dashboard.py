@@ -96,12 +96,45 @@ def test_every_metric_the_dashboard_reads_is_exposed_by_the_demo_run(tmp_path):
     ]
     for query in variable_queries(dashboard).values():
         used.extend(("variable", s) for s in selectors(_label_values_metric(query)))
+    # The rollout row reads the inference engines' own series (scraped by the collector, not
+    # served by otel-rl): test_rollout_panels_read_what_the_engines_expose checks those.
+    used = [(title, s) for title, s in used if not _engine_metric(s)]
     missing = [(title, s) for title, s in used if not s.matches(exposed)]
     assert not missing, f"not on the endpoint: {missing}\nexposed: {sorted(exposed)}"
     # The panels really cover the GPU bridge and the run's own metrics.
     names = {s.name for _, s in used}
     assert {"ray_node_gpu_utilization_percent", "ray_node_gpu_memory_used_bytes"} <= names
     assert {"train_loss", "train_kl", "train_reward_mean", "perf_throughput"} <= names
+
+
+def _engine_metric(selector) -> bool:
+    return (selector.name or "").startswith(("vllm:", "sglang:"))
+
+
+def test_rollout_panels_read_what_the_engines_expose():
+    """Every vllm:/sglang: series of the rollout row is on the engines' pages (the fixtures
+    built from vLLM's and SGLang's metric definitions), and each panel filters by run through
+    the otel_rl_run_id label otel-rl's service-discovery file gives the engines' targets."""
+    fixtures = REPO / "tests" / "fixtures" / "rollout"
+    exposed = set()
+    for name in ("vllm-v1-8gpu-tp.prom", "sglang-4gpu.prom"):
+        exposed |= exposed_names((fixtures / name).read_text())
+    dashboard = load_dashboard()
+    titles = {p["title"] for p in dashboard["panels"]}
+    rollout = {"Rollout throughput", "KV cache usage", "Rollout queue", "Time to first token p90"}
+    assert {"Rollout (inference engines)"} | rollout <= titles
+    used = [
+        (title, s)
+        for title, expr in panel_targets(dashboard)
+        if title in rollout
+        for s in selectors(concrete(expr, VALUES))
+    ]
+    assert used and all(_engine_metric(s) for _, s in used)
+    assert not [(t, s) for t, s in used if not s.matches(exposed)]
+    assert {s.name.split(":")[0] for _, s in used} == {"vllm", "sglang"}
+    for title, expr in panel_targets(dashboard):
+        if title in rollout:
+            assert 'otel_rl_run_id=~"$run_id"' in expr, (title, expr)
 
 
 def _metrics_once_the_bridge_has_reported(url: str, timeout: float = 15.0) -> str:

@@ -1,0 +1,456 @@
+"""RolloutMonitor: scrape vLLM/SGLang servers on a thread and turn each training step's interval
+into rollout rows.
+
+Scraping: every ``collection_interval`` seconds (start to start; an overrunning round skips the
+slots it covered) one round GETs every endpoint concurrently. The HTTP side is aiohttp on one
+asyncio loop owned by the monitor's thread, through the same bounded fetch the Ray GPU scraper
+uses (:mod:`otel_rl.ray.http_fetch`): a hard deadline on the whole exchange, gzip, a size bound,
+and one long-lived session so keep-alive connections are reused from round to round. A thread
+pool with ``urllib`` would need a thread per in-flight request to get the same deadline and would
+re-open a connection every round; at 256 engines that is 256 threads or a serialized round.
+
+Steps: :meth:`RolloutMonitor.mark_step` (training thread) only appends ``(step, clock())`` to a
+deque. After each round, every mark made before the round started is closed: the engines'
+windows (see :mod:`otel_rl.rollout.rows`) become that step's rows and ``emit(step, values)`` is
+called on the monitor's thread. The scrape that closes a step is the first one started after
+the mark, and it also opens the next step, so consecutive steps share a bracket and no increase
+is counted twice or lost. Several marks closed by the same round (steps shorter than the
+collection interval) give one set of rows, to the latest of them; the earlier ones get none
+(``stats["steps_without_scrape"]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from otel_rl.ray.discovery import endpoint_targets
+from otel_rl.ray.http_fetch import FetchError, fetch_text, import_aiohttp, new_session
+from otel_rl.ray.scraper import next_slot
+from otel_rl.rollout.engines import (
+    ENGINE_CHOICES,
+    EXPECTED_ROLES,
+    EngineSample,
+    NotAnEnginePage,
+    parse_engine_page,
+)
+from otel_rl.rollout.rows import EngineStep, EngineWindow, combine, engine_rows, prefixed
+
+_log = logging.getLogger("otel_rl")
+
+Emit = Callable[[int, dict[str, float]], None]
+
+#: Rows a role feeds, for the "missing metric" warning.
+_ROLE_ROWS = {
+    "gen_tokens": "gen_tokens_per_s",
+    "prompt_tokens": "prompt_tokens_per_s",
+    "requests_finished": "requests_finished",
+    "preemptions": "preemptions",
+    "prefix_hits": "prefix_cache_hit_rate",
+    "prefix_queries": "prefix_cache_hit_rate",
+    "running": "requests_running_mean/max",
+    "waiting": "requests_waiting_mean/max",
+    "kv_usage": "kv_cache_usage_mean/max",
+    "ttft": "ttft_p50_s/ttft_p90_s",
+    "e2e": "e2e_latency_p90_s",
+}
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """An engine the monitor has seen: its id in ``rollout/engine.<id>.…``."""
+
+    id: int
+    url: str
+    label: str | None  # vLLM's ``engine`` label when one server fronts several engines
+    kind: str
+
+
+class RolloutMonitor:
+    """Scrapes inference-engine endpoints and emits rollout rows per training step.
+
+    ``emit(step, values)`` is called on the monitor's thread, in step order, with the rows of
+    ``docs/rollout-monitoring.md``; it must not block for long (hand the values to a queue).
+    ``engine`` is ``auto``, ``vllm``, ``vllm-v1``, ``vllm-v0`` or ``sglang``. ``clock`` stamps
+    marks and scrapes (monotonic seconds); it exists so tests can give exact intervals.
+    Construction starts the thread (``start=False`` to call :meth:`start` later) and raises
+    ``ImportError`` with the pip command when aiohttp is missing.
+    """
+
+    def __init__(
+        self,
+        endpoints: Iterable[str] = (),
+        *,
+        emit: Emit,
+        collection_interval: float = 5.0,
+        engine: str = "auto",
+        timeout: float = 5.0,
+        max_concurrency: int = 256,
+        per_engine: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        start: bool = True,
+    ) -> None:
+        if engine not in ENGINE_CHOICES:
+            raise ValueError(
+                f"rollout_monitoring.engine must be one of {', '.join(ENGINE_CHOICES)}, "
+                f"not {engine!r}"
+            )
+        if not collection_interval > 0 or not timeout > 0:
+            raise ValueError("rollout_monitoring: collection_interval and timeout must be > 0")
+        if not callable(emit):
+            raise TypeError("emit must be a callable emit(step, values)")
+        import_aiohttp()  # fail here, on the caller's thread, with the install hint
+        self.collection_interval = float(collection_interval)
+        self.engine = engine
+        self.timeout = float(timeout)
+        self.max_concurrency = max(1, int(max_concurrency))
+        self.per_engine = per_engine
+        self.stats: dict[str, Any] = {
+            "rounds": 0,
+            "scrape_errors": 0,
+            "steps_emitted": 0,
+            "steps_without_scrape": 0,
+            "restarts": 0,
+            "emit_errors": 0,
+            "last_round_seconds": None,
+        }
+        self._emit = emit
+        self._clock = clock
+        self._endpoints: list[str] = []
+        self._endpoint_lock = threading.Lock()
+        self._engines: dict[tuple[str, str | None], EngineInfo] = {}
+        self._windows: dict[int, EngineWindow] = {}
+        self._round_totals: dict[str, list[float]] = {}
+        self._marks: collections.deque[tuple[int, float]] = collections.deque()
+        self._flushes: list[threading.Event] = []
+        self._flush_lock = threading.Lock()
+        self._states: dict[str, str] = {}
+        self._warned: set[tuple[str, ...]] = set()
+        self._closed = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._round_done = threading.Condition()
+        self.add_endpoints(endpoints)
+        if start:
+            self.start()
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any], *, emit: Emit) -> RolloutMonitor:
+        """Build from a ``rollout_monitoring`` config section."""
+        known = {"endpoints", "collection_interval", "engine", "timeout", "per_engine", "enabled"}
+        unknown = set(section) - known
+        if unknown:
+            raise ValueError(f"rollout_monitoring: unknown keys {sorted(unknown)}")
+        return cls(
+            section.get("endpoints") or (),
+            emit=emit,
+            collection_interval=float(section.get("collection_interval", 5.0)),
+            engine=str(section.get("engine", "auto")),
+            timeout=float(section.get("timeout", 5.0)),
+            per_engine=bool(section.get("per_engine", True)),
+        )
+
+    # ---- public API (any thread) --------------------------------------------------------------
+
+    def add_endpoints(self, endpoints: Iterable[str] | str) -> list[str]:
+        """Scrape these endpoints too from the next round on (``host:port`` or URLs; a URL
+        without a path gets ``/metrics``). Returns the URLs; ones already known are ignored."""
+        if isinstance(endpoints, str):
+            endpoints = [endpoints]
+        urls = [t.url for t in endpoint_targets(endpoints)]  # ValueError on a bad endpoint
+        with self._endpoint_lock:
+            for url in urls:
+                if url not in self._endpoints:
+                    self._endpoints.append(url)
+        return urls
+
+    @property
+    def endpoints(self) -> list[str]:
+        with self._endpoint_lock:
+            return list(self._endpoints)
+
+    @property
+    def engines(self) -> list[EngineInfo]:
+        """Engines seen so far, by id."""
+        return sorted(self._engines.values(), key=lambda e: e.id)
+
+    def mark_step(self, step: int) -> None:
+        """The training step ``step`` ended now. O(1), no I/O: its rows follow on the monitor's
+        thread after the next scrape."""
+        self._marks.append((int(step), self._clock()))
+
+    def start(self) -> None:
+        if self._thread is not None or self._closed:
+            return
+        self._thread = threading.Thread(target=self._run, name="otel-rl-rollout", daemon=True)
+        self._thread.start()
+        self._ready.wait(5.0)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Scrape now and emit the rows of every step marked before this call. Blocks up to
+        ``timeout`` seconds; returns whether that happened. Not callable from ``emit``."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("RolloutMonitor.flush() cannot be called from its emit callback")
+        done = threading.Event()
+        with self._flush_lock:
+            self._flushes.append(done)
+        self._poke()
+        return done.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush (a last scrape closes the steps still open), then stop the thread."""
+        if self._closed:
+            return
+        deadline = time.monotonic() + timeout
+        if self._marks:
+            self.flush(timeout)
+        self._closed = True
+        self._stop = True
+        self._poke()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(max(0.1, deadline - time.monotonic()))
+
+    def write_sd_file(
+        self, path: str | os.PathLike[str], labels: dict[str, str] | None = None
+    ) -> Path:
+        """Write the endpoints as a Prometheus ``file_sd`` target list (atomically, so a reader
+        never sees half a file), for an OTel Collector's prometheus receiver. ``labels`` are
+        added to every target (e.g. ``{"otel_rl_run_id": run_id}``, which the dashboard's
+        rollout row filters on); see docs/rollout-monitoring.md."""
+        extra = {str(k): str(v) for k, v in (labels or {}).items()}
+        groups: dict[tuple[str, str], list[str]] = {}
+        for url in self.endpoints:
+            parts = urlsplit(url)
+            groups.setdefault((parts.scheme, parts.path or "/metrics"), []).append(parts.netloc)
+        content = [
+            {
+                "targets": targets,
+                "labels": {
+                    "__metrics_path__": mpath,
+                    "__scheme__": scheme,
+                    "otel_rl_role": "rollout",
+                    **extra,
+                },
+            }
+            for (scheme, mpath), targets in groups.items()
+        ]
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(content, fh, indent=2)
+        os.replace(tmp, target)
+        return target
+
+    # ---- the thread -----------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed in between
+                loop.call_soon_threadsafe(wake.set)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception as exc:  # pragma: no cover - a bug must be visible, not silent
+            _log.error("otel-rl: rollout monitoring stopped: %r", exc)
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._ready.set()
+        async with new_session(self.max_concurrency) as session:
+            next_at = time.monotonic()
+            while True:
+                delay = next_at - time.monotonic()
+                if delay > 0 and not self._stop:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                self._wake.clear()
+                if self._stop:
+                    break
+                with self._flush_lock:
+                    flushes, self._flushes = self._flushes, []
+                scheduled = time.monotonic() >= next_at
+                try:
+                    await self._round(session)
+                except Exception as exc:  # keep monitoring whatever one round hit
+                    self._note("round", f"error:{type(exc).__name__}",
+                               f"rollout monitoring round failed: {exc!r}")  # fmt: skip
+                for done in flushes:
+                    done.set()
+                if scheduled:
+                    next_at, _ = next_slot(next_at, time.monotonic(), self.collection_interval)
+        self._loop = self._wake = None
+        with self._flush_lock:
+            for done in self._flushes:
+                done.set()
+
+    async def _round(self, session: Any) -> None:
+        started = time.monotonic()
+        round_at = self._clock()
+        urls = self.endpoints
+        gate = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(url: str) -> tuple[str, float, Any]:
+            async with gate:
+                at = self._clock()
+                try:
+                    return url, at, await fetch_text(session, url, self.timeout)
+                except Exception as exc:
+                    return url, at, exc
+
+        fetched = await asyncio.gather(*(one(u) for u in urls))
+        # Parsing waits until every response is in: done inside the fetches it would hold the
+        # loop, and the deadlines of the requests still in flight would run out meanwhile.
+        results = [(url, at, _parse(got, self.engine)) for url, at, got in fetched]
+        totals: dict[str, float] = {}
+        for url, at, outcome in results:  # endpoint order: engine ids in order of first appearance
+            if isinstance(outcome, BaseException):
+                self.stats["scrape_errors"] += 1
+                self._note(f"endpoint:{url}", _kind(outcome),
+                           f"rollout monitoring: {url}: {_describe(outcome, self.timeout)}; "
+                           "its rows are left out until it answers")  # fmt: skip
+                continue
+            self._note(f"endpoint:{url}", "ok", f"rollout monitoring: {url} answers again")
+            for label, sample in outcome.items():
+                info = self._engine(url, label, sample.kind)
+                self._check_roles(info, sample)
+                back = self._windows[info.id].add(sample, at)
+                if back:
+                    self.stats["restarts"] += 1
+                    _log.warning(
+                        "otel-rl: rollout monitoring: engine %d (%s) restarted (%s went back); "
+                        "counting its counters from zero",
+                        info.id, url, ", ".join(back[:3]),
+                    )  # fmt: skip
+                for role in ("running", "waiting"):
+                    if role in sample.gauges:
+                        totals[role] = totals.get(role, 0.0) + sample.gauges[role]
+        for role, value in totals.items():
+            self._round_totals.setdefault(role, []).append(value)
+        self.stats["rounds"] += 1
+        self.stats["last_round_seconds"] = time.monotonic() - started
+        self._close_steps(round_at)
+        with self._round_done:
+            self._round_done.notify_all()
+
+    def _engine(self, url: str, label: str | None, kind: str) -> EngineInfo:
+        key = (url, label)
+        info = self._engines.get(key)
+        if info is None or info.kind != kind:
+            number = info.id if info is not None else len(self._engines)
+            info = self._engines[key] = EngineInfo(number, url, label, kind)
+            self._windows.setdefault(number, EngineWindow())
+            _log.info("otel-rl: rollout monitoring: engine %d = %s%s (%s)", number, url,
+                      f" engine={label}" if label is not None else "", kind)  # fmt: skip
+        return info
+
+    def _check_roles(self, info: EngineInfo, sample: EngineSample) -> None:
+        missing = EXPECTED_ROLES[sample.kind] - sample.roles()
+        for role in sorted(missing):
+            key = ("missing", sample.kind, _ROLE_ROWS.get(role, role))
+            if key in self._warned:
+                continue
+            self._warned.add(key)
+            _log.warning(
+                "otel-rl: rollout monitoring: engine %d (%s, %s) has no metric for %s (an older "
+                "release?); that row is left out for %s engines without it",
+                info.id, info.url, sample.kind, _ROLE_ROWS.get(role, role), sample.kind,
+            )  # fmt: skip
+
+    def _close_steps(self, round_at: float) -> None:
+        due: list[int] = []
+        while self._marks and self._marks[0][1] <= round_at:
+            due.append(self._marks.popleft()[0])
+        if not due:
+            return
+        self.stats["steps_without_scrape"] += len(due) - 1
+        step = due[-1]
+        parts: dict[int, EngineStep] = {}
+        for number, window in self._windows.items():
+            part = window.close()
+            if part is not None:
+                parts[number] = part
+        totals, self._round_totals = self._round_totals, {}
+        values = prefixed(combine(parts, totals))
+        values["rollout/engines_reporting"] = float(len(parts))
+        if self.per_engine:
+            for number in sorted(parts):
+                values.update(prefixed(engine_rows(parts[number]), number))
+        try:
+            self._emit(step, values)
+            self.stats["steps_emitted"] += 1
+        except Exception as exc:  # a consumer bug must not stop the monitoring
+            self.stats["emit_errors"] += 1
+            self._note("emit", f"error:{type(exc).__name__}",
+                       f"rollout monitoring: emit({step}, ...) failed: {exc!r}")  # fmt: skip
+
+    def _note(self, key: str, state: str, message: str) -> None:
+        """Log when ``key`` changes state (a first success is silent), not at every round."""
+        previous = self._states.get(key)
+        self._states[key] = state
+        if previous == state or (previous is None and state == "ok"):
+            return
+        (_log.info if state == "ok" else _log.warning)("otel-rl: %s", message)
+
+    def wait_rounds(self, count: int, timeout: float = 10.0) -> bool:
+        """Block until at least ``count`` rounds have completed (for tests and tools)."""
+        with self._round_done:
+            return self._round_done.wait_for(lambda: self.stats["rounds"] >= count, timeout)
+
+
+def _parse(got: str | BaseException, engine: str) -> dict[str | None, EngineSample] | Exception:
+    if isinstance(got, BaseException):
+        return got if isinstance(got, Exception) else RuntimeError(repr(got))
+    try:
+        return parse_engine_page(got, engine)
+    except Exception as exc:  # malformed text, not an engine page
+        return exc
+
+
+def _kind(exc: BaseException) -> str:
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return "timeout"
+    if isinstance(exc, NotAnEnginePage):
+        return "not-engine"
+    if isinstance(exc, FetchError):
+        return "http"
+    if isinstance(exc, ValueError):
+        return "malformed"
+    if isinstance(exc, OSError):
+        return "unreachable"
+    return f"error:{type(exc).__name__}"
+
+
+def _describe(exc: BaseException, timeout: float) -> str:
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return f"no complete response within {timeout:g} s"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, (NotAnEnginePage, FetchError)):
+        return str(exc)
+    if isinstance(exc, ValueError):
+        return f"not Prometheus text: {exc}"
+    return f"{type(exc).__name__}: {exc}"
