@@ -110,6 +110,9 @@ def test_every_file_the_compose_mounts_exists_in_the_repo():
     mounts = 0
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
+            if volume.startswith("${"):  # a host path of the run's own (discovery files)
+                assert volume.endswith(":ro"), f"{name} mounts {volume} writable"
+                continue
             source, _target = volume.split(":")[:2]
             if source in named_volumes:
                 continue
@@ -123,7 +126,7 @@ def test_every_file_the_compose_mounts_exists_in_the_repo():
 def _mount_target(service: dict, source_suffix: str) -> str:
     for volume in service["volumes"]:
         source, target = volume.split(":")[:2]
-        if source.endswith(source_suffix):
+        if source.endswith(source_suffix) and not volume.startswith("${"):
             return target
     raise AssertionError(f"no mount of *{source_suffix}")
 
@@ -276,9 +279,6 @@ def test_grafana_has_a_tempo_datasource_on_the_tempo_service():
     assert [uid for uid, source in sources.items() if source.get("isDefault")] == ["prometheus"]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="collector-config/otel-collector.yaml has no traces pipeline to Tempo yet"
-)
 def test_the_collector_forwards_traces_to_tempo():
     config = _collector()
     _check_collector(config)
