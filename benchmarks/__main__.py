@@ -6,6 +6,11 @@
 
 Each benchmark measures otel-rl and a baseline in the same run, alternating, and reports medians
 and the ratio. Nothing here asserts a speed: the numbers are for people to read.
+
+The baselines call the trackers' own SDKs, so the full set needs the test extra as well
+(torch for TensorBoard's SummaryWriter, the full mlflow package for its server, pytest for the
+shared server fixtures): pip install -e ".[all,test]". With less installed, each benchmark whose
+packages are missing is skipped, and the skip names the package and this command.
 """
 
 from __future__ import annotations
@@ -24,8 +29,14 @@ from typing import Any
 #: ``prepare(quick: bool)``, called for all of them first (e.g. to boot a server in the background).
 BENCHMARKS = (
     "training_thread", "slow_tracker", "scaling", "gpu_scrape", "merge", "artifact_dump",
-    "spool_drain",
+    "spool_drain", "otlp_down", "rollout_scrape",
 )
+
+#: What installs every package the full set needs (README's second command).
+FULL_INSTALL = 'pip install -e ".[all,test]"'
+
+#: Top-level modules of this checkout: a missing one of these is a bug, never a skip.
+_OWN_MODULES = frozenset({"otel_rl", "benchmarks", "tests"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,34 +52,60 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
     }
     failed = 0
+    missing: dict[str, str] = {}  # benchmark -> what it lacks ("needs torch")
     for name in names:
         # A module may start slow set-up (a server) early, to overlap with other benchmarks.
+        # A missing package is reported below, when the benchmark itself runs.
         with contextlib.suppress(ImportError):
             prepare = getattr(importlib.import_module(f"benchmarks.{name}"), "prepare", None)
             if prepare is not None:
                 prepare(quick=args.quick)
     for name in names:
         started = time.monotonic()
-        try:
-            module = importlib.import_module(f"benchmarks.{name}")
-        except ImportError as exc:
-            print(f"## {name}: skipped ({exc})")
-            results[name] = {"skipped": str(exc)}
-            continue
         print(f"## {name}", flush=True)
         try:
+            module = importlib.import_module(f"benchmarks.{name}")
             result = module.run(quick=args.quick)
-        except Exception as exc:  # one broken benchmark must not hide the others' numbers
-            failed += 1
-            print(f"   failed: {type(exc).__name__}: {exc}")
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        except BaseException as exc:
+            lacking = missing_package(exc)
+            if lacking is None:
+                if not isinstance(exc, Exception):
+                    raise  # KeyboardInterrupt, SystemExit
+                # one broken benchmark must not hide the others' numbers
+                failed += 1
+                print(f"   failed: {type(exc).__name__}: {exc}")
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            missing[name] = lacking
+            print(f"   skipped: {lacking} ({FULL_INSTALL})\n", flush=True)
+            results[name] = {"skipped": lacking}
             continue
         results[name] = result
         _print_table(result)
         print(f"   ({time.monotonic() - started:.1f} s)\n", flush=True)
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))
     print(f"wrote {args.out}")
+    if missing:
+        skipped = ", ".join(f"{name} ({lacking})" for name, lacking in missing.items())
+        print(f"skipped {len(missing)} benchmark(s): {skipped}; {FULL_INSTALL} installs "
+              "everything they need")  # fmt: skip
     return 1 if failed else 0
+
+
+def missing_package(exc: BaseException) -> str | None:
+    """What is missing when ``exc`` reports an absent package ("needs torch"), else None.
+
+    A ModuleNotFoundError for a module outside this checkout, or pytest's skip raised by the
+    shared server fixtures (tests/servers.py) when the full mlflow package is not installed.
+    """
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.split(".")[0]
+        return None if top in _OWN_MODULES else f"needs {top}"
+    outcomes = sys.modules.get("_pytest.outcomes")
+    if outcomes is not None and isinstance(exc, outcomes.Skipped):
+        # importorskip's reason, e.g. "the MLflow server needs the full mlflow package"
+        return str(getattr(exc, "msg", "") or exc) or "an optional package"
+    return None
 
 
 def _print_table(result: Any, indent: str = "   ") -> None:

@@ -1,11 +1,15 @@
 """JSONL exporter: one JSON object per row in ``<log_dir>/metrics.jsonl``.
 
-Each line is ``{"step": N, "time": <unix seconds>, "metrics": {key: value}}`` (plus ``"axis"``
-for rows on a custom x-axis such as GPU data). Values are numbers, strings, or histograms as
+Each line is ``{"step": N, "time": <unix s>, "run_id": "<id>", "metrics": {key: value}}`` (plus
+``"axis"`` for rows on a custom x-axis such as GPU data; ``run_id`` is the Logger's ``run_id``,
+left out when the exporter is built without one). Values are numbers, strings, or histograms as
 ``{"count", "sum", "min", "max", "bounds", "counts"}``. NaN and ±inf are written as the bare
 tokens ``NaN``/``Infinity``/``-Infinity`` that Python's ``json`` and pandas read back. The file is
-opened for appending: a second run adds to it, never truncates it. Plots are stored beside it as
-``plots/<name>/step_<N>.png`` and tables as lines of ``tables.jsonl``.
+opened for appending: a second run adds to it, never truncates it, and says so once (a warning
+naming the file) when the file's last row belongs to another run; ``run_id`` tells the runs apart.
+Plots are stored beside it as ``plots/<name>/step_<N>.png`` (``<name>`` made safe by
+:func:`otel_rl.paths.safe_relative`: never outside that folder) and tables as lines of
+``tables.jsonl``.
 """
 
 from __future__ import annotations
@@ -14,36 +18,49 @@ import contextlib
 import errno
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_rl.exporters.base import TrackerExporter
+from otel_rl.exporters.base import RowRejected, TrackerExporter
 
+from otel_rl.paths import path_inside
 from otel_rl.records import HistogramValue, RowValue, StepBatch
+
+# The start of a row of ours: the run id comes before the metrics, so that reading the first
+# bytes of the last line tells which run wrote it, however long the row.
+_ROW_HEAD = re.compile(rb'^\{"step":[^,]*,"time":[^,]*,"run_id":("(?:[^"\\]|\\.)*")')
+_TAIL_CHUNK = 65536
 
 
 class JsonlExporter(TrackerExporter):
     name: ClassVar[str] = "jsonl"
     max_batch: ClassVar[int] = 256
 
-    def __init__(self, path: str | os.PathLike, **kwargs: Any) -> None:
+    def __init__(self, path: str | os.PathLike, run_id: str | None = None, **kwargs: Any) -> None:
         self.path = Path(path)
+        #: Written in every row; ``None`` leaves the field out.
+        self.run_id = None if run_id is None else str(run_id)
         self._file: Any = None
+        self._checked_other_run = False
         super().__init__(**kwargs)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> JsonlExporter:
         path = cfg["jsonl"].get("path") or Path(cfg["log_dir"]) / "metrics.jsonl"
-        return cls(path, **kwargs)
+        return cls(path, run_id=cfg.get("run_id"), **kwargs)
 
     def format_line(self, batch: StepBatch) -> bytes | None:
         """One JSON line for ``batch`` (``None`` skips it); subclasses change the layout."""
-        return _line(batch).encode("utf-8")
+        return _line(batch, self.run_id).encode("utf-8")
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _cut_torn_tail(self.path)
+        if not self._checked_other_run:
+            self._checked_other_run = True
+            self._warn_if_another_run()
         # Unbuffered: each batch is one write of whole lines, on disk at once or not at all.
         self._file = self.path.open("ab", buffering=0)
 
@@ -66,6 +83,27 @@ class JsonlExporter(TrackerExporter):
             with contextlib.suppress(OSError):
                 self._file.truncate(start)
             raise
+
+    def _warn_if_another_run(self) -> None:
+        """Say once that the file already ends with another run's rows (runs would interleave
+        by step in every reader that ignores ``run_id``). Reads only the last row's first bytes,
+        on this exporter's thread."""
+        if self.run_id is None or type(self).format_line is not JsonlExporter.format_line:
+            return  # no run id to compare, or another layout (a subclass's) without one
+        try:
+            other = _last_run_id(self.path)
+        except OSError:
+            return
+        if other is False or other == self.run_id:
+            return
+        whose = f"run {other!r}" if other is not None else "a run that wrote no run_id"
+        self._warn_once(
+            "other-run",
+            "%s: %s already holds rows of %s; this run (%r) appends after them, so its steps "
+            "repeat in the file. Give each run a fresh log_dir (or jsonl.path), or tell the runs "
+            "apart by each row's run_id",
+            self.name, self.path, whose, self.run_id,
+        )  # fmt: skip
 
     def write_position(self) -> Any:
         return self.path.stat().st_size if self.path.exists() else 0
@@ -91,8 +129,13 @@ class JsonlExporter(TrackerExporter):
         tmp.replace(path)
 
     def write_plot(self, name: str, step: int, png: bytes) -> None:
-        # One file per step, never overwritten: <dir of metrics.jsonl>/plots/<name>/step_<N>.png
-        path = self.path.parent / "plots" / name / f"step_{step}.png"
+        # One file per step: <dir of metrics.jsonl>/plots/<name>/step_<N>.png, the name made
+        # safe so that "../x" or "/etc/x" stays inside plots/.
+        try:
+            folder = path_inside(self.path.parent / "plots", name)
+        except ValueError as exc:
+            raise RowRejected(f"plot {name!r:.80}: {exc}") from None
+        path = folder / f"step_{step}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(png)
 
@@ -137,8 +180,43 @@ def _cut_torn_tail(path: Path) -> None:
         return
 
 
-def _line(batch: StepBatch) -> str:
+def _last_run_id(path: Path) -> str | bool | None:
+    """The ``run_id`` of the file's last row: a string, ``None`` for a row without one, or
+    ``False`` when there is no row. Reads backwards from the end in chunks only as far as the
+    start of the last line, then that line's first bytes."""
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        while end > 0:  # skip trailing newlines
+            f.seek(end - 1)
+            if f.read(1) != b"\n":
+                break
+            end -= 1
+        if end == 0:
+            return False
+        start = end
+        while start > 0:
+            position = max(0, start - _TAIL_CHUNK)
+            f.seek(position)
+            cut = f.read(start - position).rfind(b"\n")
+            if cut >= 0:
+                start = position + cut + 1
+                break
+            start = position
+        f.seek(start)
+        head = f.read(min(1024, end - start))
+    match = _ROW_HEAD.match(head)
+    if match is None:
+        return None
+    try:
+        return str(json.loads(match.group(1)))
+    except ValueError:
+        return None
+
+
+def _line(batch: StepBatch, run_id: str | None = None) -> str:
     record: dict[str, Any] = {"step": batch.step, "time": round(batch.time, 6)}
+    if run_id is not None:
+        record["run_id"] = run_id
     if batch.axis:
         record["axis"] = batch.axis
     record["metrics"] = {k: _value(v) for k, v in batch.rows.items()}

@@ -1,4 +1,4 @@
-"""The ``otel-rl`` command line."""
+"""The otel-rl command line: the demo, spool replay and the standalone GPU monitor."""
 
 from __future__ import annotations
 
@@ -7,54 +7,126 @@ import logging
 import sys
 from collections.abc import Sequence
 
+DESCRIPTION = (
+    "otel-rl: one OpenTelemetry pipeline from an RL training loop to every experiment tracker."
+)
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="otel-rl", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run a simulated GRPO loop through the pipeline")
-    demo.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
-    demo.add_argument("--log-dir", default="logs/demo", help="where outputs go (default logs/demo)")
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (a step count)."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free port) to 65535."""
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 (any free) to 65535, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: seconds, zero or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def package_version() -> str:
+    """The installed distribution's version (package metadata), as ``otel_rl.__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("otel-rl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="otel-rl", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="run a simulated GRPO loop through the pipeline",
+        description="Run a simulated GRPO loop through the pipeline. Each run writes into a new "
+        "directory LOG_DIR/exp_NNN (the next free number), so runs never mix.",
+    )
+    demo.add_argument(
+        "--steps", type=positive_int, default=50, help="training steps, at least 1 (default 50)"
+    )
+    demo.add_argument(
+        "--log-dir",
+        default="logs/demo",
+        help="each run goes into a new LOG_DIR/exp_NNN directory (default logs/demo)",
+    )
     demo.add_argument(
         "--backends",
         default="tensorboard,jsonl,console",
         help="comma-separated trackers (default tensorboard,jsonl,console)",
     )
-    demo.add_argument("--prometheus-port", type=int, default=None, help="serve /metrics here")
+    demo.add_argument(
+        "--prometheus-port", type=port_number, default=None,
+        help="serve /metrics on this port (0: any free port)",
+    )  # fmt: skip
     demo.add_argument("--otlp-endpoint", default=None, help="push OTLP/HTTP to this collector")
     demo.add_argument(
         "--step-seconds",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="pace the loop to this many seconds per step (e.g. 1 for a live dashboard)",
     )
     demo.add_argument(
         "--hold",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="keep /metrics served this many seconds after the last step (default 0)",
     )
     demo.set_defaults(run=_demo)
 
     replay = commands.add_parser(
-        "replay", help="deliver spooled records that trackers did not get (after a crash/outage)"
+        "replay",
+        help="deliver spooled records that trackers did not get (after a crash/outage)",
+        description="Deliver what a crash or a tracker outage left in a run's spool, exactly "
+        "once, in step order.",
     )
     replay.add_argument("log_dir", help="the run's log_dir")
     replay.add_argument("--no-progress", action="store_true", help="no progress bar")
     replay.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds to wait per tracker (default 300)"
-    )
+        "--timeout", type=non_negative_float, default=300.0,
+        help="seconds to wait per tracker (default 300)",
+    )  # fmt: skip
     replay.set_defaults(run=_replay)
 
     from otel_rl.ray import monitor_cli
 
     gpu_monitor = commands.add_parser(
-        "gpu-monitor", help="scrape Ray nodes' GPU metrics standalone and print a live table"
+        "gpu-monitor",
+        help="scrape Ray nodes' GPU metrics standalone and print a live table",
+        description=monitor_cli.DESCRIPTION,
     )
     monitor_cli.add_arguments(gpu_monitor)
     gpu_monitor.set_defaults(run=monitor_cli.run)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     return int(args.run(args) or 0)
 
@@ -82,12 +154,12 @@ def _demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"otel-rl demo: {exc}", file=sys.stderr)
         return 2
-    print(f"\nRan {summary['steps']} simulated GRPO steps. Results are in {summary['log_dir']}/:")
+    print(f"\nRan {summary['steps']} simulated GRPO steps. This run is in {summary['log_dir']}/:")
     if "jsonl" in backends:
         print(f"  metrics (JSONL):  {summary['jsonl']}")
     if "tensorboard" in backends:
         print(f"  TensorBoard:      {summary['tensorboard']}")
-        print(f"  view them with:   tensorboard --logdir {summary['tensorboard']}")
+        print(f"  view every run:   tensorboard --logdir {summary['base_dir']}")
     if summary.get("prometheus"):
         print(f"  Prometheus:       {summary['prometheus']} (served while the demo ran)")
     if summary.get("otlp"):

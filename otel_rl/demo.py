@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -15,6 +16,15 @@ from otel_rl.distributed.worker import WorkerMetrics
 DEMO_BACKENDS = ("tensorboard", "jsonl", "console")
 
 
+def check_backends(backends: Sequence[str]) -> None:
+    """Refuse names that are not trackers, listing the valid ones."""
+    unknown = [b for b in backends if b not in BACKEND_FLAGS]
+    if unknown:
+        raise ValueError(
+            f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKEND_FLAGS)}"
+        )
+
+
 def demo_config(
     log_dir: str | Path,
     backends: Sequence[str] = DEMO_BACKENDS,
@@ -22,11 +32,7 @@ def demo_config(
     otlp_endpoint: str | None = None,
 ) -> dict[str, Any]:
     """The demo's embedded defaults: TensorBoard, JSONL and the console, no server needed."""
-    unknown = [b for b in backends if b not in BACKEND_FLAGS]
-    if unknown:
-        raise ValueError(
-            f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKEND_FLAGS)}"
-        )
+    check_backends(backends)
     cfg: dict[str, Any] = {flag: name in backends for name, flag in BACKEND_FLAGS.items()}
     cfg.update(
         log_dir=str(log_dir),
@@ -106,16 +112,32 @@ def run_demo(
     step_seconds: float = 0.0,
     hold: float = 0.0,
 ) -> dict[str, Any]:
-    """Run the simulated loop; returns where the results are.
+    """Run the simulated loop into a new run directory; returns where the results are.
+
+    Each call writes into ``<log_dir>/exp_<NNN>`` with the next free number, as NeMo RL names
+    its experiment directories: running the demo again never appends a second run to the
+    first one's ``metrics.jsonl`` or TensorBoard files (step 0 twice in one chart).
 
     ``step_seconds`` paces the loop (a live dashboard needs steps spread over scrapes);
     ``hold`` keeps ``/metrics`` served that many seconds after the last step, so a Prometheus
     that scrapes every 15 s still sees the final values.
     """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    check_backends(backends)  # before a run directory is claimed for nothing
+    from otel_rl.compat.nemo_utils import get_next_experiment_dir
     from otel_rl.logger import Logger
 
-    cfg = demo_config(log_dir, backends, prometheus_port, otlp_endpoint)
-    with Logger(cfg) as logger:
+    run_dir = Path(get_next_experiment_dir(str(log_dir)))
+    cfg = demo_config(run_dir, backends, prometheus_port, otlp_endpoint)
+    try:
+        logger = Logger(cfg)
+    except BaseException:
+        # Nothing was written: give the number back rather than leave an empty exp directory.
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()
+        raise
+    with logger:
         logger.log_hyperparams(
             {"algorithm": "grpo", "policy": {"lr": 1e-6, "model": "demo-0.5b"}, "steps": steps}
         )
@@ -123,9 +145,10 @@ def run_demo(
         if hold > 0:
             time.sleep(hold)
         summary = {
-            "log_dir": str(Path(log_dir)),
-            "tensorboard": str(Path(log_dir) / "tensorboard"),
-            "jsonl": str(Path(log_dir) / "metrics.jsonl"),
+            "base_dir": str(Path(log_dir)),
+            "log_dir": str(run_dir),
+            "tensorboard": str(run_dir / "tensorboard"),
+            "jsonl": str(run_dir / "metrics.jsonl"),
             "prometheus": logger._pipeline.prometheus_url,
             "otlp": logger._pipeline.otlp_endpoint,
             "steps": steps,

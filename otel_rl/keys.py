@@ -13,6 +13,8 @@ import hashlib
 import re
 import threading
 
+from otel_rl.errors import shown_key
+
 _INVALID_INSTRUMENT_CHARS = re.compile(r"[^-_./a-zA-Z0-9]")
 _PROMETHEUS_FOLD = re.compile(r"[^a-z0-9:]+")
 _MAX_INSTRUMENT_NAME = 255
@@ -40,8 +42,8 @@ class KeyCollisionError(ValueError):
 
     def __init__(self, key: str, other: str, name: str) -> None:
         super().__init__(
-            f"key {key!r} collides with {other!r}: both become the metric {name!r} in "
-            "OTel/Prometheus; rename one of them"
+            f"key {shown_key(key)} collides with {shown_key(other)}: both become the metric "
+            f"{shown_key(name)} in OTel/Prometheus; rename one of them"
         )
         self.key, self.other, self.name = key, other, name
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import operator
 import os
 import threading
 import time
@@ -21,9 +22,10 @@ from otel_rl.checkpoint import PendingStepCheckpointer
 from otel_rl.config import enabled_backends, resolve_config
 from otel_rl.delivery import ExportOptions
 from otel_rl.distributed.reductions import ReductionRules
-from otel_rl.errors import MetricError
+from otel_rl.errors import MAX_SHOWN_REASON, MetricError, shorten, shown_key
 from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.lifecycle import exit_code_hint, exit_code_of
+from otel_rl.paths import safe_relative
 from otel_rl.pipeline import Pipeline, build_resource
 from otel_rl.records import (
     OWN_SCOPE,
@@ -45,6 +47,7 @@ from otel_rl.values import flatten_into
 _log = logging.getLogger("otel_rl")
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_MAX_WARNINGS = 1000  # distinct (key, reason) warnings before only counting
 
 
 class Logger:
@@ -69,6 +72,9 @@ class Logger:
         cfg = self.config
         self.log_dir = Path(cfg["log_dir"])
         self.run_id = str(cfg["run_id"] or uuid.uuid4().hex[:12])
+        # The config says which run it is, for exporters that record it (JSONL rows) and for
+        # ``otel-rl replay``, which rebuilds them from the config kept in the spool.
+        cfg["run_id"] = self.run_id
         self._strict = bool(cfg["strict"])
         export = cfg["export"]
         self._shutdown_timeout = float(export["shutdown_timeout"])
@@ -156,11 +162,13 @@ class Logger:
         except MetricError as exc:
             if self._strict:
                 raise
-            self._report(str(exc.key), exc.reason)
+            self._report(exc.key, exc.reason)
         except Exception as exc:  # lenient mode: training must survive anything logged
+            # Bad keys and values are handled one by one in flatten_into; this is what is left
+            # (a mapping whose iteration raises): the call is lost, and said so.
             if self._strict:
                 raise MetricError("<log_metrics>", f"{type(exc).__name__}: {exc}") from exc
-            self._report("<log_metrics>", f"failed: {type(exc).__name__}: {exc}")
+            self._report("<log_metrics>", f"call dropped: {type(exc).__name__}: {exc}")
 
     def _log_metrics(
         self,
@@ -186,13 +194,16 @@ class Logger:
             fresh.update(fresh_axis)
         self.stats["nonfinite"] += flatten_into(fresh, metrics, prefix, self._report)
         with self._lock:
+            # Everything that can refuse the call (the step, a key collision in strict mode)
+            # runs before the pending step changes: a refused call leaves no trace, not even
+            # an empty row at its step.
             step = self._resolve_step(step)
-            if self._pending_step is not None and step != self._pending_step:
-                self._seal()
-            self._pending_step = step
             new = fresh.keys() - self._known
             if new:
                 self._register(new, fresh)
+            if self._pending_step is not None and step != self._pending_step:
+                self._seal()
+            self._pending_step = step
             self._pending.update(fresh)
             if self._pipeline.has_side_readers:
                 self._latest.update(fresh)
@@ -218,9 +229,12 @@ class Logger:
         object may change as soon as this returns)."""
         import io
 
+        step = self._checked_record(name, step, "plot")
+        if step is None:
+            return
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", bbox_inches="tight")
-        self._submit(Plot(name=name, step=int(step), png=buffer.getvalue()))
+        self._submit(Plot(name=name, step=step, png=buffer.getvalue()))
 
     def log_table(
         self,
@@ -230,7 +244,10 @@ class Logger:
         step: int,
     ) -> None:
         """Log a table (e.g. validation samples: input, output, score)."""
-        table = Table(name, int(step), tuple(map(str, columns)), tuple(tuple(r) for r in rows))
+        checked = self._checked_record(name, step, "table")
+        if checked is None:
+            return
+        table = Table(name, checked, tuple(map(str, columns)), tuple(tuple(r) for r in rows))
         self._submit(table)
 
     def log_histogram(self, values: Sequence[float], step: int, name: str, bins: int = 30) -> None:
@@ -392,10 +409,7 @@ class Logger:
                 return self._pending_step
             return 0 if self._last_step is None else self._last_step + 1
         if type(step) is not int:
-            try:
-                step = int(step)
-            except (TypeError, ValueError) as exc:
-                raise MetricError(step, "step must be an integer or None") from exc
+            step = _integral_step(step)
         if not _INT64_MIN <= step <= _INT64_MAX:
             # Every tracker stores steps as int64: such a step could never be written.
             raise MetricError(
@@ -511,13 +525,76 @@ class Logger:
         for exporter in self.exporters:
             exporter.submit(record)
 
-    def _report(self, key: str, reason: str) -> None:
+    def _checked_record(self, name: Any, step: Any, what: str) -> int | None:
+        """The step of a plot or table, or ``None`` (reported) when its name or step is refused.
+
+        Trackers get the name as given; file-based ones store it through
+        :func:`otel_rl.paths.safe_relative`, so a name with no usable path part is refused here,
+        on the caller's thread, rather than on a tracker's.
+        """
+        try:
+            if not isinstance(name, str):
+                raise MetricError(name, f"{what} name must be a string, got {type(name).__name__}")
+            try:
+                safe_relative(name)
+            except ValueError as exc:
+                raise MetricError(name, f"{what} skipped: {exc}") from None
+            try:
+                checked = step if type(step) is int else _integral_step(step)
+            except MetricError as exc:
+                raise MetricError(name, f"{what} skipped: {exc.reason}") from None
+            if not _INT64_MIN <= checked <= _INT64_MAX:
+                raise MetricError(name, f"{what} skipped: step {checked} is outside int64")
+            return checked
+        except MetricError as exc:
+            self._report(exc.key, exc.reason)  # raises in strict mode
+            return None
+
+    def _report(self, key: object, reason: str) -> None:
         if self._strict:
             raise MetricError(key, reason)
-        if (key, reason) in self._warned:
+        shown = shown_key(key)
+        # Once per (key, reason): a bad value logged at every step warns once, a second bad key
+        # still warns. The set is bounded so that keys made unique per step cannot grow it.
+        if (shown, reason) in self._warned:
             return
-        self._warned.add((key, reason))
-        _log.warning("otel-rl: metric %r: %s", key, reason)
+        if len(self._warned) >= _MAX_WARNINGS:
+            if len(self._warned) == _MAX_WARNINGS:
+                self._warned.add(("", ""))
+                _log.warning(
+                    "otel-rl: %d different metric warnings so far; further bad keys and values are "
+                    "skipped without a warning", _MAX_WARNINGS,
+                )  # fmt: skip
+            return
+        self._warned.add((shown, reason))
+        _log.warning("otel-rl: metric %s: %s", shown, shorten(reason, MAX_SHOWN_REASON))
+
+
+def _integral_step(step: Any) -> int:
+    """``step`` as an int: ints and integer types (numpy, 0-d integer tensors) as they are, a
+    float only when it is a whole number (``3.0``); bool, text and ``8.9`` are refused."""
+    if isinstance(step, bool) or type(step).__name__ in ("bool_", "bool"):
+        raise MetricError("<step>", f"step must be an integer, got the boolean {step!r}")
+    if isinstance(step, (str, bytes)):
+        raise MetricError(
+            "<step>", f"step must be an integer or None, got {type(step).__name__} {step!r:.40}"
+        )
+    try:
+        return operator.index(step)  # numpy integers, integer tensors
+    except TypeError:
+        pass
+    try:
+        number = float(step)
+    except (TypeError, ValueError, OverflowError):
+        raise MetricError(
+            "<step>", f"step must be an integer or None, got {type(step).__name__}"
+        ) from None
+    if not number.is_integer():
+        raise MetricError(
+            "<step>", f"step must be a whole number, got {number!r} "
+            "(steps are never rounded: pass int(step) if that is what you mean)",
+        )  # fmt: skip
+    return int(number)
 
 
 def _shutdown_exporter(exporter: Any, timeout_ms: float, exit_code: int) -> None:

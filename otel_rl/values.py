@@ -7,6 +7,8 @@ The rules (documented in docs/configuration.md):
 - Nested mappings → flattened with ``/``.
 - Strings → text (trackers without text support skip them, with one warning).
 - ``None`` and anything else → skipped, reported to the caller so it can warn once per key.
+- A key or value that cannot be converted (an int beyond the float range, a ``__float__``, a
+  ``__str__`` or a ``.shape`` that raises) is skipped alone and reported; the rest is kept.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from otel_rl.errors import MetricError
 from otel_rl.records import HistogramValue
 
 #: Called as ``report(key, reason)`` for every value that is not logged as given.
@@ -31,35 +34,67 @@ def flatten_into(
 ) -> int:
     """Normalize ``metrics`` into ``out`` under ``prefix``; returns how many values are non-finite.
 
-    Written for the hot path: a float or int costs one type check and one dict store.
+    Written for the hot path: a float or int costs one type check and one dict store. A key or
+    value that cannot be logged costs only itself: it is reported (naming the key) and left out,
+    and the other keys of the call are kept. ``report`` may raise (strict mode): its
+    :class:`MetricError` goes to the caller as it is.
     """
     nonfinite = 0
     for raw_key, value in metrics.items():
-        if type(raw_key) is str:
-            key = raw_key
-        else:
-            key = str(raw_key)
-            report(key, f"key of type {type(raw_key).__name__} converted to the string {key!r}")
-        if not key:
-            report(key, "empty key skipped")
-            continue
-        if prefix:
-            key = f"{prefix}/{key}"
-        kind = type(value)
-        if kind is float:
-            out[key] = value
-            if value - value != 0.0:  # NaN or ±inf, cheaper than math.isfinite on the hot path
-                nonfinite += 1
-        elif kind is int:
-            out[key] = float(value)
-        else:
-            try:
+        key: str = "<key>"
+        try:
+            if type(raw_key) is str:
+                key = raw_key
+            else:
+                key = _key_text(raw_key, report)
+                if key is None:
+                    continue
+            if not key:
+                report(key, "empty key skipped")
+                continue
+            if prefix:
+                key = f"{prefix}/{key}"
+            kind = type(value)
+            if kind is float:
+                out[key] = value
+                if value - value != 0.0:  # NaN or ±inf, cheaper than math.isfinite on the hot path
+                    nonfinite += 1
+            elif kind is int:
+                out[key] = float(value)  # OverflowError beyond 1.8e308, handled below
+            else:
                 nonfinite += _convert_slow(out, key, value, report)
-            except (ArithmeticError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
-                # One odd value (an int too large for a float, a tensor on a dead device) must
-                # not cost the other keys of the call.
-                report(key, f"value skipped: {type(exc).__name__}: {exc}")
+        except MetricError:
+            raise  # strict mode: the reporter's own error, never wrapped a second time
+        except Exception as exc:
+            # Anything a value can do (an int too large for a float, a __float__ or a .shape
+            # raising, a tensor on a dead device) costs that value only, never the whole call.
+            report(key, _skip_reason(value, exc))
     return nonfinite
+
+
+def _key_text(raw_key: Any, report: Reporter) -> str | None:
+    """The string form of a non-string key (reported), or ``None`` when it has none."""
+    try:
+        key = str(raw_key)
+    except Exception as exc:
+        report(
+            f"<{type(raw_key).__name__} key>",
+            f"key skipped: str() of the key raised {type(exc).__name__}: {exc}",
+        )
+        return None
+    report(key, f"key of type {type(raw_key).__name__} converted to the string {key!r}")
+    return key
+
+
+def _skip_reason(value: Any, exc: Exception) -> str:
+    if isinstance(exc, OverflowError):
+        if isinstance(value, int):
+            return (
+                f"value skipped: an integer of {value.bit_length()} bits is too large for a "
+                "float (largest about 1.8e308)"
+            )
+        return f"value skipped: a number in it is too large for a float ({exc})"
+    return f"value skipped: {type(exc).__name__}: {exc}"
 
 
 def _convert_slow(out: dict[str, Any], key: str, value: Any, report: Reporter) -> int:

@@ -7,17 +7,37 @@ gauges on Prometheus and/or pushes them over OTLP, and prints a live table of th
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from otel_rl.ray.gpu_metrics import GIB
+
+DESCRIPTION = (
+    "Scrape the GPU and node metrics of a Ray cluster's nodes (--ray-address) or of given "
+    "endpoints, serve them on Prometheus and/or push them over OTLP, and print a live table."
+)
+
+#: How long to wait for a TCP answer from an explicit Ray address before saying it is down
+#: (ray.init itself retries an unreachable address for minutes).
+CONNECT_TIMEOUT = 5.0
+
+_NO_RAY_HINT = (
+    "start one with: ray start --head, pass a running cluster's address "
+    "(--ray-address HOST:6379), or scrape nodes directly with --endpoint http://HOST:PORT/metrics"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--ray-address", help="join this Ray cluster (e.g. 'auto') and scrape its alive nodes"
+        "--ray-address",
+        metavar="ADDRESS",
+        help="join this Ray cluster (auto: the one running on this machine, or HOST:PORT) "
+        "and scrape its alive nodes",
     )
     source.add_argument(
         "--endpoint",
@@ -46,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
     from otel_rl import Logger
 
     if args.ray_address:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(address=args.ray_address, logging_level="ERROR", log_to_driver=False)
+        problem = join_ray(args.ray_address)
+        if problem is not None:
+            print(f"otel-rl gpu-monitor: {problem}", file=sys.stderr)
+            return 2
     cfg: dict[str, Any] = {
         "jsonl_enabled": False,
         "monitor_gpus": True,
@@ -94,6 +114,56 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def join_ray(address: str) -> str | None:
+    """Join the Ray cluster at ``address``; on failure, one line saying why and what to do.
+
+    Ray's own error names the flags of its own commands and comes with a traceback; an
+    unreachable explicit address makes ray.init retry for minutes. So an explicit address is
+    probed first, and a missing cluster is explained in this command's own terms.
+    """
+    try:
+        import ray
+    except ImportError:
+        return (
+            "--ray-address needs Ray: pip install 'otel-rl[ray]', or scrape nodes directly "
+            "with --endpoint http://HOST:PORT/metrics"
+        )
+    if ray.is_initialized():
+        return None
+    target = address
+    if address == "auto" and os.environ.get("RAY_ADDRESS"):
+        target = os.environ["RAY_ADDRESS"]  # what ray.init("auto") would use
+    if target not in ("auto", "local"):
+        unreachable = _probe(target)
+        if unreachable is not None:
+            via = " (from RAY_ADDRESS)" if target != address else ""
+            return f"no Ray cluster answers at {target}{via}: {unreachable}; {_NO_RAY_HINT}"
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except ConnectionError:
+        return f"no running Ray cluster found for --ray-address {address}; {_NO_RAY_HINT}"
+    except Exception as exc:  # ray's reason, without its traceback
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return f"could not join the Ray cluster at {target}: {reason}"
+    return None
+
+
+def _probe(address: str) -> str | None:
+    """Why ``host:port`` (or ``ray://host:port``) takes no TCP connection, else None."""
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if not host or port is None:
+        return "not an address of the form HOST:PORT"
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT):
+            return None
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
 
 
 def render(scraper: Any) -> Any:
