@@ -58,10 +58,19 @@ def _path(value: Any) -> Any:
     raise _expected("a path (a non-empty string)")
 
 
-def _http_url(value: str) -> str:
-    parts = urlsplit(value.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _expected("an http:// or https:// URL with a host")
+def _endpoint(value: str) -> str:
+    text = value.strip()
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or ("://" not in text and port is None)
+    ):
+        raise _expected("`host:port` or an http:// or https:// URL with a host")
     return value
 
 
@@ -84,7 +93,7 @@ def _none_is_empty_mapping(value: Any) -> Any:
 Path_ = Annotated[Any, AfterValidator(_path)]
 Seconds = Annotated[float, Field(gt=0)]
 StrList = Annotated[list[str], BeforeValidator(_listify)]
-UrlList = Annotated[list[Annotated[str, AfterValidator(_http_url)]], BeforeValidator(_listify)]
+EndpointList = Annotated[list[Annotated[str, AfterValidator(_endpoint)]], BeforeValidator(_listify)]
 RegexList = Annotated[list[Annotated[str, AfterValidator(_regex)]], BeforeValidator(_listify)]
 #: A tracker's own settings, handed to its SDK as they are (checked by otel_rl.tracker_settings).
 Passthrough = Annotated[dict[str, Any], BeforeValidator(_none_is_empty_mapping)]
@@ -144,13 +153,18 @@ def _nullable_by_default(field: Any) -> bool:
 
 
 class TensorboardSection(Section):
-    log_dir: Path_ | None = _field(None, "where the event files go", shown_type="path",
-                                      shown_default="`<log_dir>/tensorboard`")
+    log_dir: Path_ | None = _field(
+        None, "where the event files go", shown_type="path", shown_default="`<log_dir>/tensorboard`"
+    )
 
 
 class JsonlSection(Section):
-    path: Path_ | None = _field(None, "the file (appended, never truncated)", shown_type="path",
-                                   shown_default="`<log_dir>/metrics.jsonl`")
+    path: Path_ | None = _field(
+        None,
+        "the file (appended, never truncated)",
+        shown_type="path",
+        shown_default="`<log_dir>/metrics.jsonl`",
+    )
 
 
 class ConsoleSection(Section):
@@ -158,30 +172,45 @@ class ConsoleSection(Section):
 
 
 class GpuMonitoringSection(Section):
-    collection_interval: Seconds = _field(10.0, "how often nodes are scraped",
-                                          shown_type="seconds")
-    flush_interval: Seconds = _field(10.0, "how often GPU rows reach trackers",
-                                     shown_type="seconds")
+    collection_interval: Seconds = _field(10.0, "how often nodes are scraped", shown_type="seconds")
+    flush_interval: Seconds = _field(
+        10.0, "how often GPU rows reach trackers", shown_type="seconds"
+    )
     endpoints: StrList = _field(
         meaning="static node endpoints (`host:port` or URLs) instead of Ray discovery",
-        factory=list, shown_type="list of URLs", shown_default="`[]` (use `ray.nodes()`)",
+        factory=list,
+        shown_type="list of URLs",
+        shown_default="`[]` (use `ray.nodes()`)",
     )
     timeout: Seconds = _field(5.0, "limit for one node's whole request", shown_type="seconds")
 
 
 class RolloutMonitoringSection(Section):
-    endpoints: UrlList = _field(
+    endpoints: EndpointList = _field(
         meaning="inference engines' `/metrics` URLs (vLLM, SGLang) "
         "([rollout-monitoring.md](rollout-monitoring.md))",
-        factory=list, shown_type="list of http(s) URLs",
+        factory=list,
+        shown_type="list of `host:port` or http(s) URLs",
     )
-    collection_interval: Seconds = _field(5.0, "how often the engines are scraped",
-                                          shown_type="seconds")
+    collection_interval: Seconds = _field(
+        5.0, "how often the engines are scraped", shown_type="seconds"
+    )
     engine: Literal["auto", "vllm", "vllm-v1", "vllm-v0", "sglang"] = _field(
         "auto", "which engine's metric names to read (`auto`: recognised per page)"
     )
     timeout: Seconds = _field(5.0, "limit for one engine's request", shown_type="seconds")
     per_engine: bool = _field(True, "also keep rows per engine, not only the totals")
+    enabled: bool | None = _field(
+        None,
+        "unset: on when `endpoints` is given; `true` with no "
+        "endpoints: `logger.rollout_monitor.add_endpoints()` later",
+    )
+    sd_file: Path_ | None = _field(
+        None,
+        "keep the endpoints in this Prometheus `file_sd` file, labelled with the run id "
+        "(for a collector or Prometheus)",
+        shown_type="path",
+    )
 
 
 class PrometheusSection(Section):
@@ -193,52 +222,68 @@ class PrometheusSection(Section):
 class OtlpSection(Section):
     enabled: bool = _field(False, "push metrics with OTLP ([outputs.md](outputs.md))")
     endpoint: str | None = _field(
-        None, "collector URL; unset: `OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`, then "
-        "`http://127.0.0.1:4318`", shown_type="URL")
+        None,
+        "collector URL; unset: `OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`, then "
+        "`http://127.0.0.1:4318`",
+        shown_type="URL",
+    )
     protocol: Literal["http/protobuf", "grpc"] | None = _field(
-        None, "unset: `OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL`, then `http/protobuf`")
+        None, "unset: `OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL`, then `http/protobuf`"
+    )
     interval: Seconds | None = _field(
-        None, "export period; unset: `OTEL_METRIC_EXPORT_INTERVAL`, then `10`",
-        shown_type="seconds")
+        None, "export period; unset: `OTEL_METRIC_EXPORT_INTERVAL`, then `10`", shown_type="seconds"
+    )
     timeout: Seconds | None = _field(
-        None, "per-export timeout; unset: `OTEL_EXPORTER_OTLP_[METRICS_]TIMEOUT`, then `5`",
-        shown_type="seconds")
+        None,
+        "per-export timeout; unset: `OTEL_EXPORTER_OTLP_[METRICS_]TIMEOUT`, then `5`",
+        shown_type="seconds",
+    )
     headers: dict[str, str] = _field(
         meaning="request headers, merged over `OTEL_EXPORTER_OTLP_[METRICS_]HEADERS`",
-        factory=dict, shown_type="mapping of str")
-    insecure: bool | None = _field(
-        None, "gRPC without TLS; unset: from the endpoint's scheme")
+        factory=dict,
+        shown_type="mapping of str",
+    )
+    insecure: bool | None = _field(None, "gRPC without TLS; unset: from the endpoint's scheme")
     histogram: Literal["explicit", "exponential"] | None = _field(
-        None, "histogram aggregation on OTLP only (unset: `explicit`); Prometheus keeps "
-        "explicit buckets")
+        None,
+        "histogram aggregation on OTLP only (unset: `explicit`); Prometheus keeps explicit buckets",
+    )
 
 
 class ExportSection(Section):
     queue_size: int = _field(10_000, "records each tracker may hold in memory", ge=1)
     on_full: Literal["spool", "block", "drop_oldest"] = _field(
-        "spool", "what a full queue does "
-        "([reliability.md](reliability.md#backpressure-exporton_full))")
-    shutdown_timeout: float = _field(30.0, "how long `finish()` drains trackers",
-                                     shown_type="seconds", ge=0)
-    retry_max_backoff: Seconds = _field(10.0, "ceiling of the exponential retry backoff",
-                                        shown_type="seconds")
+        "spool",
+        "what a full queue does ([reliability.md](reliability.md#backpressure-exporton_full))",
+    )
+    shutdown_timeout: float = _field(
+        30.0, "how long `finish()` drains trackers", shown_type="seconds", ge=0
+    )
+    retry_max_backoff: Seconds = _field(
+        10.0, "ceiling of the exponential retry backoff", shown_type="seconds"
+    )
     spool: bool = _field(True, "write-ahead log per tracker under `<log_dir>/.otel-rl/spool/`")
     fsync_interval: Seconds = _field(
-        1.0, "how often the spool and its delivery marks are fsynced", shown_type="seconds")
+        1.0, "how often the spool and its delivery marks are fsynced", shown_type="seconds"
+    )
     handle_signals: bool = _field(True, "SIGTERM drains the trackers (`SystemExit(143)`)")
 
 
 class TracingSection(Section):
     enabled: bool = _field(
-        False, "every `timer()` is also an OTel span, exported with OTLP when `otlp.enabled` "
-        "([distributed.md](distributed.md#timers-as-spans))")
+        False,
+        "every `timer()` is also an OTel span, exported with OTLP when `otlp.enabled` "
+        "([distributed.md](distributed.md#timers-as-spans))",
+    )
 
 
 class RedactionSection(Section):
     extra_patterns: RegexList = _field(
         meaning="more secret patterns (regular expressions) for redaction "
         "([Hyperparameters](#hyperparameters))",
-        factory=list, shown_type="list of regex")
+        factory=list,
+        shown_type="list of regex",
+    )
 
 
 class LoggerSettings(Section):
@@ -254,26 +299,38 @@ class LoggerSettings(Section):
     wandb_enabled: bool = _field(False, "Weights & Biases")
     wandb: Passthrough = _field(
         meaning="given to `wandb.init` (`project`, `name`, `entity`, `tags`, ...); checked "
-        "against its parameters", factory=dict, shown_type="mapping")
+        "against its parameters",
+        factory=dict,
+        shown_type="mapping",
+    )
     mlflow_enabled: bool = _field(False, "MLflow")
     mlflow: Passthrough = _field(
         meaning="`experiment_name`, `run_name`, `tracking_uri`, `run_id`, "
         "`artifact_location`, `tags` ([backends/mlflow.md](backends/mlflow.md))",
-        factory=dict, shown_type="mapping")
+        factory=dict,
+        shown_type="mapping",
+    )
     swanlab_enabled: bool = _field(False, "SwanLab")
     swanlab: Passthrough = _field(
         meaning="given to `swanlab.init`; checked against its parameters",
-        factory=dict, shown_type="mapping")
+        factory=dict,
+        shown_type="mapping",
+    )
     trackio_enabled: bool = _field(False, "Trackio")
     trackio: Passthrough = _field(
         meaning="given to `trackio.init`; checked against its parameters",
-        factory=dict, shown_type="mapping")
+        factory=dict,
+        shown_type="mapping",
+    )
     trackers: dict[str, Passthrough] = _field(
         meaning="more trackers by registry name with their options, e.g. a third-party one: "
         "`{mytracker: {option: 1}}` ([backends](backends/README.md#adding-a-tracker))",
-        factory=dict, shown_type="mapping")
-    monitor_gpus: bool = _field(False, "Ray GPU/node metrics ([gpu-monitoring.md]"
-                                "(gpu-monitoring.md))")
+        factory=dict,
+        shown_type="mapping",
+    )
+    monitor_gpus: bool = _field(
+        False, "Ray GPU/node metrics ([gpu-monitoring.md](gpu-monitoring.md))"
+    )
     gpu_monitoring: GpuMonitoringSection = _field(GpuMonitoringSection())
     rollout_monitoring: RolloutMonitoringSection = _field(RolloutMonitoringSection())
     num_val_samples_to_print: int = _field(0, "validation samples printed", ge=0)
@@ -282,17 +339,21 @@ class LoggerSettings(Section):
     export: ExportSection = _field(ExportSection())
     strict: bool = _field(False, "raise `otel_rl.MetricError` on bad input")
     capture_global_meters: bool = _field(True, "route OTel's global meters to this Logger")
-    service_name: str | None = _field(None, "OTel `service.name`",
-                                         shown_default="`OTEL_SERVICE_NAME` or `otel-rl`")
-    run_id: str | None = _field(None, "resource attribute; the run's id in every output",
-                                   shown_default="random")
+    service_name: str | None = _field(
+        None, "OTel `service.name`", shown_default="`OTEL_SERVICE_NAME` or `otel-rl`"
+    )
+    run_id: str | None = _field(
+        None, "resource attribute; the run's id in every output", shown_default="random"
+    )
     experiment: str | None = _field(None, "resource attribute")
     role: str = _field("driver", "resource attribute")
     rank: int = _field(0, "resource attribute", ge=0)
     reductions: dict[str, Any] = _field(
         meaning="how worker metrics combine across ranks, by key or glob: "
         '`{"timing/*": [max, min], "train/*_count": sum}` ([distributed.md](distributed.md))',
-        factory=dict, shown_type="mapping")
+        factory=dict,
+        shown_type="mapping",
+    )
     tracing: TracingSection = _field(TracingSection())
     redaction: RedactionSection = _field(RedactionSection())
 
@@ -349,8 +410,12 @@ _EXPECTED_BY_TYPE = {
     "model_attributes_type": "a mapping",
     "list_type": "a list",
 }
-_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
-           "less_than_equal": "<="}
+_BOUNDS = {
+    "greater_than": ">",
+    "greater_than_equal": ">=",
+    "less_than": "<",
+    "less_than_equal": "<=",
+}
 _STRING_BOOLEANS = {"true", "false", "yes", "no", "on", "off", "y", "n", "0", "1"}
 
 
@@ -385,8 +450,18 @@ def _shown(value: Any, kind: str = "") -> str:
     except Exception:  # a value whose __repr__ raises is still named by its type
         text = "<unprintable>"
     if isinstance(value, str) and kind.startswith("bool"):
-        word = {"true": "true", "yes": "true", "on": "true", "y": "true", "1": "true",
-                "false": "false", "no": "false", "off": "false", "n": "false", "0": "false"}
+        word = {
+            "true": "true",
+            "yes": "true",
+            "on": "true",
+            "y": "true",
+            "1": "true",
+            "false": "false",
+            "no": "false",
+            "off": "false",
+            "n": "false",
+            "0": "false",
+        }
         literal = word.get(value.strip().lower())
         if literal:
             return f"{text} (a string, not a bool; write {literal} without quotes)"

@@ -149,8 +149,8 @@ def run_demo(
             "log_dir": str(run_dir),
             "tensorboard": str(run_dir / "tensorboard"),
             "jsonl": str(run_dir / "metrics.jsonl"),
-            "prometheus": logger._pipeline.prometheus_url,
-            "otlp": logger._pipeline.otlp_endpoint,
+            "prometheus": logger.prometheus_url,
+            "otlp": logger.otlp_endpoint,
             "steps": steps,
         }
     return summary

@@ -23,6 +23,7 @@ from otel_rl.config import enabled_backends, resolve_config
 from otel_rl.delivery import ExportOptions
 from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.errors import MAX_SHOWN_REASON, MetricError, shorten, shown_key
+from otel_rl.fanout import Fanout
 from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.lifecycle import exit_code_hint, exit_code_of
 from otel_rl.paths import safe_relative
@@ -41,11 +42,13 @@ from otel_rl.registry import exporter_class
 from otel_rl.routing import global_router
 from otel_rl.spool import spool_root
 from otel_rl.timing import Timer, TimerFactory
-from otel_rl.tracing import build_tracer_provider
+from otel_rl.tracing import TRACE_ID_KEY, StepSpans, build_tracer_provider
 from otel_rl.values import flatten_into
 
 _log = logging.getLogger("otel_rl")
 
+#: The x-axis of rollout rows (docs/rollout-monitoring.md).
+ROLLOUT_AXIS = "rollout/step"
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_WARNINGS = 1000  # distinct (key, reason) warnings before only counting
 
@@ -89,6 +92,7 @@ class Logger:
         self.exporters.extend(exporters)
         for exporter in self.exporters:  # the same export.* for every exporter, however built
             self._attach(exporter, options)
+        self._fanout = Fanout(self.exporters)
 
         self._pipeline = Pipeline(cfg, build_resource(cfg, self.run_id))
         self.meter_provider = self._pipeline.provider
@@ -99,14 +103,21 @@ class Logger:
         self.tracer_provider = build_tracer_provider(
             cfg["tracing"]["enabled"], otlp, self._pipeline.resource
         )
-        self._tracer = self.tracer_provider.get_tracer(OWN_SCOPE) if self.tracer_provider else None
+        # One ``rl.step`` span per training step, parent of the step's timers (docs/tracing.md).
+        self._step_spans = (
+            StepSpans(self.tracer_provider, run_id=self.run_id)
+            if (self.tracer_provider is not None)
+            else None
+        )
         self._reductions = ReductionRules(cfg["reductions"])
         self._router = global_router() if cfg["capture_global_meters"] else None
         if self._router is not None:
             self._router.route_to(self._pipeline.provider)
 
         self._keys = KeyRegistry()
-        self._timers = TimerFactory(self._meter, self._keys, self._tracer)
+        self._timers = TimerFactory(
+            self._meter, self._keys, self._step_spans.tracer if self._step_spans else None
+        )
         self._known: set[str] = set()
         self._latest: dict[str, float] = {}
         self._lock = threading.RLock()
@@ -136,11 +147,25 @@ class Logger:
                 cfg, meter_provider=self._pipeline.side_provider, exporters=self.exporters
             )
             self.gpu_monitor.start()
+        #: The inference-engine monitor (``rollout_monitoring``), else ``None``; see
+        #: docs/rollout-monitoring.md. It scrapes on its own thread.
+        self.rollout_monitor: Any = self._build_rollout_monitor(cfg["rollout_monitoring"])
         self._atexit = _weak_atexit(self)
         atexit.register(self._atexit)
         # Signals raise only at safe points, sys.exit codes reach atexit, fork children disable
         # this Logger (otel_rl/lifecycle.py).
         lifecycle.register(self, handle_signals=bool(export["handle_signals"]))
+
+    @property
+    def prometheus_url(self) -> str | None:
+        """The ``/metrics`` URL this run serves (``prometheus.enabled``), else ``None``."""
+        return self._pipeline.prometheus_url
+
+    @property
+    def otlp_endpoint(self) -> str | None:
+        """Where OTLP metrics are pushed (``otlp.enabled``, after the ``OTEL_*`` variables),
+        else ``None``."""
+        return self._pipeline.otlp_endpoint
 
     # ---- logging ------------------------------------------------------------------------------
 
@@ -208,6 +233,8 @@ class Logger:
             if self._pipeline.has_side_readers:
                 self._latest.update(fresh)
             self._pending_otel.extend(self._pipeline.step_reader.take())
+            if self._step_spans is not None:
+                self._step_spans.take(step)
             if step_metric is not None:
                 self._step_metrics[prefix] = step_metric
             if step_finished:
@@ -222,7 +249,7 @@ class Logger:
                 raise MetricError("<hyperparams>", str(exc)) from exc
             self._report("<hyperparams>", f"failed: {exc}")
             return
-        self._submit(Hyperparams(flat))
+        self._fanout.send(Hyperparams(flat))
 
     def log_plot(self, figure: Any, step: int, name: str) -> None:
         """Log a matplotlib figure (rendered to PNG here, on the caller's thread: the figure
@@ -234,7 +261,7 @@ class Logger:
             return
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", bbox_inches="tight")
-        self._submit(Plot(name=name, step=step, png=buffer.getvalue()))
+        self._fanout.send(Plot(name=name, step=step, png=buffer.getvalue()))
 
     def log_table(
         self,
@@ -248,7 +275,7 @@ class Logger:
         if checked is None:
             return
         table = Table(name, checked, tuple(map(str, columns)), tuple(tuple(r) for r in rows))
-        self._submit(table)
+        self._fanout.send(table)
 
     def log_histogram(self, values: Sequence[float], step: int, name: str, bins: int = 30) -> None:
         """Log the distribution of ``values`` at ``step`` as a histogram (plus summary stats)."""
@@ -308,10 +335,12 @@ class Logger:
         """
         with self._lock:
             self._seal(final=True)
-        if self.gpu_monitor is not None:
-            self.gpu_monitor.flush()
         deadline = time.monotonic() + (self._shutdown_timeout if timeout is None else timeout)
         ok = True
+        if self.gpu_monitor is not None:
+            self.gpu_monitor.flush()
+        if self.rollout_monitor is not None:  # a scrape now closes the steps sealed so far
+            ok = self.rollout_monitor.flush(max(0.0, deadline - time.monotonic())) and ok
         for exporter in self.exporters:
             left = max(0.0, deadline - time.monotonic())
             ok = exporter.force_flush(timeout_millis=left * 1000) and ok
@@ -327,8 +356,11 @@ class Logger:
             self._finished = True
         self._checkpointer.stop()
         atexit.unregister(self._atexit)
-        if self.gpu_monitor is not None:  # its last rows must reach the trackers before they close
+        # The monitors' last rows must reach the trackers before they close.
+        if self.gpu_monitor is not None:
             self.gpu_monitor.stop()
+        if self.rollout_monitor is not None:
+            self.rollout_monitor.close(timeout=min(self._shutdown_timeout, 10.0))
         if self._router is not None:
             self._router.unroute(self._pipeline.provider)
         timeout_ms = self._shutdown_timeout * 1000
@@ -344,6 +376,8 @@ class Logger:
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         self._pipeline.shutdown(timeout_millis=min(timeout_ms, 10_000))
+        if self._step_spans is not None:
+            self._step_spans.close()
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
         # Last, so that a signal during the drain still finds our handler; the signals go back
@@ -438,6 +472,12 @@ class Logger:
             if not self._pending_otel:
                 return
             step = 0 if self._last_step is None else self._last_step + 1
+        if self._step_spans is not None:
+            trace_id = self._step_spans.seal(step, final)
+            if trace_id is not None:  # the row names the trace of its step
+                self._pending[TRACE_ID_KEY] = trace_id
+        if self.rollout_monitor is not None:
+            self.rollout_monitor.mark_step(step)
         batch = StepBatch(
             step=step,
             values=self._pending,
@@ -451,8 +491,7 @@ class Logger:
         self._pending_step = None
         self._last_step = step if self._last_step is None else max(step, self._last_step)
         self.stats["steps"] += 1
-        for exporter in self.exporters:
-            exporter.submit(batch)
+        self._fanout.send(batch)
 
     def _convert(self, datas: Sequence[Any]) -> dict[str, Any]:
         return rows_from_metrics(datas, self._key_of)
@@ -495,9 +534,7 @@ class Logger:
             return [Observation(e.pending, {"tracker": e.name}) for e in self.exporters]
 
         def delivered(options: Any) -> list[Observation]:
-            return [
-                Observation(e.stats["delivered"], {"tracker": e.name}) for e in self.exporters
-            ]
+            return [Observation(e.stats["delivered"], {"tracker": e.name}) for e in self.exporters]
 
         def dropped(options: Any) -> list[Observation]:
             return [Observation(e.stats["dropped"], {"tracker": e.name}) for e in self.exporters]
@@ -521,9 +558,22 @@ class Logger:
         meter.create_observable_counter("otel_rl.exporter.dropped", [dropped])
         meter.create_observable_counter("otel_rl.values.nonfinite", [nonfinite])
 
-    def _submit(self, record: Any) -> None:
-        for exporter in self.exporters:
-            exporter.submit(record)
+    def _build_rollout_monitor(self, section: Mapping[str, Any]) -> Any:
+        enabled = section["enabled"]
+        if not (section["endpoints"] if enabled is None else enabled):
+            return None
+        from otel_rl.rollout import RolloutMonitor
+
+        monitor = RolloutMonitor.from_config(section, emit=self._emit_rollout)
+        if section["sd_file"]:
+            monitor.keep_sd_file(section["sd_file"], {"otel_rl_run_id": self.run_id})
+        return monitor
+
+    def _emit_rollout(self, step: int, values: dict[str, float]) -> None:
+        """Rollout rows of a sealed step (monitor thread). They come after the step's own row,
+        so they are a row of their own on the ``rollout/step`` axis, whose value is the training
+        step: W&B plots them against it, the other trackers at the step itself."""
+        self._fanout.send(StepBatch(step=step, values=values, axis=ROLLOUT_AXIS))
 
     def _checked_record(self, name: Any, step: Any, what: str) -> int | None:
         """The step of a plot or table, or ``None`` (reported) when its name or step is refused.

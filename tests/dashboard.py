@@ -107,8 +107,14 @@ class FixtureNode:
         self.server.server_close()
 
 
-def demo_run_config(log_dir: Path, gpu_endpoints: list[str]) -> dict[str, Any]:
-    """The demo's own config, serving /metrics on a free port, with GPU monitoring on."""
+def demo_run_config(
+    log_dir: Path,
+    gpu_endpoints: list[str],
+    engines: list[str] = (),
+    sd_file: Path | None = None,
+) -> dict[str, Any]:
+    """The demo's own config, serving /metrics on a free port, with GPU monitoring on; with
+    ``engines``, rollout monitoring of those endpoints keeping ``sd_file`` for Prometheus."""
     from otel_rl.demo import demo_config
 
     cfg = demo_config(log_dir, backends=["jsonl"], prometheus_port=0)
@@ -119,6 +125,12 @@ def demo_run_config(log_dir: Path, gpu_endpoints: list[str]) -> dict[str, Any]:
         "flush_interval": 1.0,
     }
     cfg["capture_global_meters"] = False
+    if engines:
+        cfg["rollout_monitoring"] = {
+            "endpoints": list(engines),
+            "collection_interval": 1.0,
+            "sd_file": str(sd_file) if sd_file else None,
+        }
     return cfg
 
 

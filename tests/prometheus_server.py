@@ -42,11 +42,19 @@ def free_port() -> int:
 class PrometheusServer:
     """``prometheus`` as a subprocess with a temp config, TSDB and log."""
 
-    def __init__(self, workdir: Path, targets: Sequence[str], job: str = "otel-rl") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        targets: Sequence[str],
+        job: str = "otel-rl",
+        file_sd: Sequence[Path] = (),
+    ) -> None:
+        """``file_sd``: Prometheus ``file_sd`` files (e.g. the one a Logger keeps for its
+        inference engines), scraped by a second job."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
-        config.write_text(
+        text = (
             "global:\n"
             "  scrape_interval: 1s\n"
             "  evaluation_interval: 1s\n"
@@ -55,6 +63,14 @@ class PrometheusServer:
             "    static_configs:\n"
             f"      - targets: [{', '.join(repr(t) for t in targets)}]\n"
         )
+        if file_sd:
+            text += (
+                "  - job_name: file-sd\n"
+                "    file_sd_configs:\n"
+                f"      - files: [{', '.join(repr(str(f)) for f in file_sd)}]\n"
+                "        refresh_interval: 1s\n"
+            )
+        config.write_text(text)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "prometheus.log"

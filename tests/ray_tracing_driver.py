@@ -11,17 +11,13 @@ before shutting Ray down, so the workers' batch span processors export while the
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import time
 
 import ray
 
-import otel_rl.logger
 from otel_rl import Logger, WorkerMetrics
-from otel_rl.timing import TimerFactory
-from otel_rl.tracing import TRACE_ID_KEY, StepSpans
 
 N_ACTORS = 2
 
@@ -46,29 +42,6 @@ class Trainer:
         return self.metrics.snapshot(step=step)
 
 
-class StepTracedLogger(Logger):
-    """The Logger with its step spans called at the two points the Logger itself calls them
-    (for as long as otel_rl/logger.py does not call StepSpans itself)."""
-
-    def __init__(self, cfg: dict) -> None:
-        super().__init__(cfg)
-        self._step_spans = StepSpans(self.tracer_provider, run_id=self.run_id)
-        self._timers = TimerFactory(self._meter, self._keys, self._step_spans.tracer)
-
-    def _log_metrics(self, metrics, step, prefix, step_metric, step_finished) -> None:
-        super()._log_metrics(metrics, step, prefix, step_metric, step_finished)
-        self._step_spans.take(self._pending_step)
-
-    def _seal(self, final: bool = False) -> None:
-        step = self._pending_step
-        if step is None:
-            step = 0 if self._last_step is None else self._last_step + 1
-        trace_id = self._step_spans.seal(step, final)
-        if trace_id is not None:
-            self._pending[TRACE_ID_KEY] = trace_id
-        super()._seal(final)
-
-
 def main(log_dir: str, steps: int) -> None:
     otlp_env = {k: v for k, v in os.environ.items() if k.startswith(("OTEL_", "RAY_ENABLE"))}
     ray.init(
@@ -79,15 +52,13 @@ def main(log_dir: str, steps: int) -> None:
         runtime_env={"env_vars": otlp_env},
     )
     trainers = [ray.remote(num_cpus=0)(Trainer).remote(rank) for rank in range(N_ACTORS)]
-    wired = "StepSpans" in inspect.getsource(otel_rl.logger)
-    cls = Logger if wired else StepTracedLogger
     cfg = {
         "log_dir": log_dir,
         "run_id": "traced-run",
         "tracing": {"enabled": True},
         "reductions": {"timing/*": ["max", "min"]},
     }
-    with cls(cfg) as logger:
+    with Logger(cfg) as logger:
         for step in range(steps):
             with logger.timer("rollout"):
                 ray.get([t.generate.remote(step) for t in trainers])

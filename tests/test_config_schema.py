@@ -100,9 +100,14 @@ MISTAKES = [
         "(missing ), unterminated subpattern at position 0), got '(unclosed' (str)",
     ),
     (
-        {"rollout_monitoring": {"endpoints": ["http://gen-0:8000/metrics", "gen-1:8000"]}},
-        "logger config 'rollout_monitoring.endpoints[1]' must be an http:// or https:// URL "
-        "with a host, got 'gen-1:8000' (str)",
+        {"rollout_monitoring": {"endpoints": ["http://gen-0:8000/metrics", "gen-1"]}},
+        "logger config 'rollout_monitoring.endpoints[1]' must be `host:port` or an http:// or "
+        "https:// URL with a host, got 'gen-1' (str)",
+    ),
+    (
+        {"rollout_monitoring": {"endpoints": ["ftp://gen-0:21"]}},
+        "logger config 'rollout_monitoring.endpoints[0]' must be `host:port` or an http:// or "
+        "https:// URL with a host, got 'ftp://gen-0:21' (str)",
     ),
     (
         {"rollout_monitoring": {"engine": "tgi"}},
@@ -200,16 +205,21 @@ def test_new_sections_defaults_and_values():
     cfg = resolve_config(
         {
             "redaction": {"extra_patterns": ["^internal_"]},
-            "rollout_monitoring": {"endpoints": ["http://gen-0:8000/metrics"], "engine": "vllm"},
+            "rollout_monitoring": {
+                "endpoints": ["http://gen-0:8000/metrics", "gen-1:8000"],
+                "engine": "vllm",
+            },
         }
     )
     assert cfg["redaction"] == {"extra_patterns": ["^internal_"]}
     assert cfg["rollout_monitoring"] == {
-        "endpoints": ["http://gen-0:8000/metrics"],
+        "endpoints": ["http://gen-0:8000/metrics", "gen-1:8000"],
         "collection_interval": 5.0,
         "engine": "vllm",
         "timeout": 5.0,
         "per_engine": True,
+        "enabled": None,
+        "sd_file": None,
     }
     assert resolve_config({})["redaction"] == {"extra_patterns": []}
 

@@ -81,7 +81,7 @@ def test_every_metric_the_dashboard_reads_is_exposed_by_the_demo_run(tmp_path):
         logger = Logger(demo_run_config(tmp_path, [node.address, dead]))
         try:
             simulate_training(logger, steps=5)
-            text = _metrics_once_the_bridge_has_reported(logger._pipeline.prometheus_url)
+            text = _metrics_once_the_bridge_has_reported(logger.prometheus_url)
         finally:
             logger.finish()
     finally:

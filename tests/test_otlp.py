@@ -120,7 +120,7 @@ def test_exponential_histograms_go_to_otlp_only(tmp_path, http_receiver, clean_o
     )
     logger = Logger(cfg)
     _ten_steps(logger)
-    url = logger._pipeline.prometheus_url
+    url = logger.prometheus_url
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     logger.finish()
 

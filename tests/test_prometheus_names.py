@@ -69,7 +69,7 @@ def test_every_documented_series_is_served(tmp_path):
             step=0,
         )
         logger.flush()
-        text = _wait_for(logger._pipeline.prometheus_url, "otel_rl_scrape_errors_total")
+        text = _wait_for(logger.prometheus_url, "otel_rl_scrape_errors_total")
     finally:
         logger.finish()
         node.close()
@@ -90,10 +90,10 @@ def test_loopback_by_default_and_own_registry(tmp_path):
         }
     )
     try:
-        assert logger._pipeline.prometheus_url.startswith("http://127.0.0.1:")
+        assert logger.prometheus_url.startswith("http://127.0.0.1:")
         logger.log_metrics({"loss": 0.25}, step=0, prefix="train")
         # Nothing of the process-global registry (python_gc_*, process_*) is served...
-        text = urllib.request.urlopen(logger._pipeline.prometheus_url, timeout=5).read().decode()
+        text = urllib.request.urlopen(logger.prometheus_url, timeout=5).read().decode()
         assert "train_loss" in text and "python_gc_objects_collected_total" not in text
         # ...and nothing of the run leaks into it.
         assert REGISTRY.get_sample_value("train_loss") is None

@@ -2,7 +2,8 @@
 
 Checks what an operator sees: the last logged ``train_loss``, a ``histogram_quantile`` of a
 timer, the dashboard's template variables, and every query of the "RL training" dashboard
-returning data (GPU panels fed by the Ray bridge scraping the 8xH100 fixture).
+returning data (GPU panels fed by the Ray bridge scraping the 8xH100 fixture; rollout panels by
+Prometheus scraping the vLLM and SGLang fixture pages through the Logger's `file_sd` file).
 """
 
 from __future__ import annotations
@@ -26,25 +27,37 @@ from tests.dashboard import (
 from tests.otlp_receiver import closed_port
 from tests.prometheus_server import PrometheusServer, prometheus_binary
 from tests.readers import jsonl_rows
+from tests.rollout_pages import SG_FIRST, V1_FIRST, PageServer
 
 STEPS = 20
 
 
 @pytest.fixture
 def demo_run(tmp_path):
-    """A Logger with the demo's config, served on a free port, GPU bridge on the fixture."""
+    """A Logger with the demo's config, served on a free port, GPU bridge on the fixture, rollout
+    monitoring of a vLLM and an SGLang page keeping a ``file_sd`` file for Prometheus."""
     prometheus_binary()  # skip (or fail in CI) before starting anything
     node = FixtureNode()
-    logger = Logger(demo_run_config(tmp_path / "run", [node.address, f"127.0.0.1:{closed_port()}"]))
+    engines = [PageServer(V1_FIRST), PageServer(SG_FIRST)]
+    cfg = demo_run_config(
+        tmp_path / "run",
+        [node.address, f"127.0.0.1:{closed_port()}"],
+        engines=[e.url for e in engines],
+        sd_file=tmp_path / "sd" / "engines.json",
+    )
+    logger = Logger(cfg)
     yield logger
     logger.finish()
     node.close()
+    for engine in engines:
+        engine.close()
 
 
 @pytest.fixture
 def prometheus(tmp_path, demo_run):
-    target = urllib.parse.urlsplit(demo_run._pipeline.prometheus_url).netloc
-    server = PrometheusServer(tmp_path / "prometheus", [target])
+    target = urllib.parse.urlsplit(demo_run.prometheus_url).netloc
+    sd_file = demo_run.config["rollout_monitoring"]["sd_file"]
+    server = PrometheusServer(tmp_path / "prometheus", [target], file_sd=[sd_file])
     try:
         server.wait_ready()
         server.wait_scraped()
@@ -71,7 +84,7 @@ def test_prometheus_sees_the_run_and_every_dashboard_query_has_data(tmp_path, de
 
     # A quantile of a timer, as Prometheus computes it from the scraped buckets; it must equal
     # the interpolation over the buckets our endpoint serves right now (nothing is recorded now).
-    buckets = _endpoint_buckets(logger._pipeline.prometheus_url, "timing_generation_seconds")
+    buckets = _endpoint_buckets(logger.prometheus_url, "timing_generation_seconds")
     prometheus.wait_for(
         "timing_generation_seconds_count", lambda r: r and float(r[0]["value"][1]) == STEPS
     )
@@ -85,6 +98,12 @@ def test_prometheus_sees_the_run_and_every_dashboard_query_has_data(tmp_path, de
     assert run_ids == [logger.run_id]
     assert _label_values(prometheus, "node", "ray_node_gpu_utilization_percent") == ["0"]
 
+    # The engines' series, labelled with the run through the Logger's file_sd file; rate() needs
+    # two scrapes of them.
+    prometheus.wait_for(
+        f'count_over_time(vllm:generation_tokens_total{{otel_rl_run_id="{logger.run_id}"}}[30s])',
+        lambda r: r and float(r[0]["value"][1]) >= 2,
+    )
     # Every query of every panel returns data for this run.
     values = {"run_id": logger.run_id, "node": ".*", "__rate_interval": "30s"}
     empty = [

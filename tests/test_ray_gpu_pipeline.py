@@ -126,7 +126,7 @@ def test_gpu_gauges_reach_prometheus_with_attributes(farm, log_dir):
     }
     with Logger(cfg) as logger:
         _wait_for(lambda: logger.gpu_monitor.scraper.last is not None)
-        with urllib.request.urlopen(logger._pipeline.prometheus_url, timeout=10) as response:
+        with urllib.request.urlopen(logger.prometheus_url, timeout=10) as response:
             text = response.read().decode()
 
     samples = {}
@@ -216,7 +216,13 @@ def test_ray_not_initialized_is_warned_once_and_retried(log_dir, caplog):
     assert len(warnings) == 1
     assert "gpu_monitoring.endpoints" in warnings[0]
     rows = jsonl_rows(log_dir / "metrics.jsonl")
-    assert rows == [{"step": 0, "time": rows[0]["time"], "run_id": logger.run_id, "metrics": {"loss": 1.0}}]
+    (row,) = rows
+    assert row == {
+        "step": 0,
+        "time": row["time"],
+        "run_id": logger.run_id,
+        "metrics": {"loss": 1.0},
+    }
 
 
 def test_cli_gpu_monitor_pushes_the_gauges_over_otlp(farm, capsys):

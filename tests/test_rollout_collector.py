@@ -18,7 +18,7 @@ import yaml
 from otel_rl.rollout.monitor import RolloutMonitor
 from tests.dashboard import REPO
 from tests.prometheus_server import free_port, prometheus_binary
-from tests.test_rollout_monitor import SG_FIRST, V1_FIRST, PageServer
+from tests.rollout_pages import SG_FIRST, V1_FIRST, PageServer
 
 COLLECTOR = REPO / "collector-config" / "otel-collector.yaml"
 

@@ -11,51 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from otel_rl.rollout.monitor import RolloutMonitor
 from tests.otlp_receiver import closed_port
-
-FIXTURES = Path(__file__).parent / "fixtures" / "rollout"
-V1_FIRST = (FIXTURES / "vllm-v1-8gpu-tp.prom").read_text()
-V1_LATER = (FIXTURES / "vllm-v1-8gpu-tp.later.prom").read_text()
-SG_FIRST = (FIXTURES / "sglang-4gpu.prom").read_text()
-SG_LATER = (FIXTURES / "sglang-4gpu.later.prom").read_text()
-V1_EXP = json.loads((FIXTURES / "vllm-v1-expected.json").read_text())
-SG_EXP = json.loads((FIXTURES / "sglang-expected.json").read_text())
-
-
-class PageServer:
-    """Serves ``self.page`` at /metrics on 127.0.0.1 (Prometheus text format 0.0.4)."""
-
-    def __init__(self, page: str = "") -> None:
-        self.page = page
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = owner.page.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from tests.rollout_pages import SG_EXP, SG_FIRST, SG_LATER, V1_EXP, V1_FIRST, V1_LATER, PageServer
 
 
 class Clock:
@@ -207,8 +168,9 @@ def v0_pages() -> tuple[str, str]:
     running, waiting = gauge("vllm:num_requests_running"), gauge("vllm:num_requests_waiting")
     swapped = gauge("vllm:num_requests_swapped")
     gpu_kv, cpu_kv = gauge("vllm:gpu_cache_usage_perc"), gauge("vllm:cpu_cache_usage_perc")
-    gpu_hit, cpu_hit = gauge("vllm:gpu_prefix_cache_hit_rate"), gauge(
-        "vllm:cpu_prefix_cache_hit_rate"
+    gpu_hit, cpu_hit = (
+        gauge("vllm:gpu_prefix_cache_hit_rate"),
+        gauge("vllm:cpu_prefix_cache_hit_rate"),
     )
     preempt = Counter("vllm:num_preemptions", "p", labels, registry=reg)
     prompt = Counter("vllm:prompt_tokens", "p", labels, registry=reg)
@@ -297,9 +259,7 @@ def test_vllm_v0_rows_over_a_step_match_hand_derived_values(servers):
 
 
 def _without_prefix_cache(text: str) -> str:
-    return "\n".join(
-        line for line in text.splitlines() if "vllm:prefix_cache_" not in line
-    ) + "\n"
+    return "\n".join(line for line in text.splitlines() if "vllm:prefix_cache_" not in line) + "\n"
 
 
 def test_restart_missing_metric_and_dead_engine_leave_the_others_intact(servers, caplog):

@@ -54,11 +54,13 @@ def test_nested_timers_become_child_spans_with_worker_attributes(log_dir):
         logger.log_metrics({"x": 1.0}, step=0)
 
     by_name = {s.name: s for s in spans.get_finished_spans()}
-    # the outermost timers hang under the step's rl.step span once the Logger opens it
-    roots = {s.context.span_id for s in spans.get_finished_spans() if s.name == "rl.step"}
+    # the outermost timers hang under the rl.step span of the step their values land in
+    (root,) = [s for s in spans.get_finished_spans() if s.name == "rl.step"]
+    assert root.attributes["rl.step"] == 0
     assert set(by_name) - {"rl.step"} == {"step", "generation", "reward", "failing"}
     step = by_name["step"]
-    assert step.parent is None or step.parent.span_id in roots
+    assert step.parent.span_id == root.context.span_id
+    assert by_name["failing"].parent.span_id == root.context.span_id
     for child in ("generation", "reward"):
         assert by_name[child].parent.span_id == step.context.span_id
         assert by_name[child].context.trace_id == step.context.trace_id
@@ -74,6 +76,8 @@ def test_nested_timers_become_child_spans_with_worker_attributes(log_dir):
     # the timers still feed their histograms, on the step they ran in
     row = jsonl_rows(log_dir / "metrics.jsonl")[0]["metrics"]
     assert row["timing/generation"] >= 0.005 and "timing/step" in row and "timing/failing" in row
+    # and the row names its step's trace
+    assert row["trace_id"] == format(root.context.trace_id, "032x")
 
 
 @pytest.mark.slow

@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=140)
     with Logger(cfg) as logger:
         scraper = logger.gpu_monitor.scraper
-        if logger._pipeline.prometheus_url:
-            console.print(f"Prometheus: {logger._pipeline.prometheus_url}")
+        if logger.prometheus_url:
+            console.print(f"Prometheus: {logger.prometheus_url}")
         if args.once:
             deadline = time.monotonic() + args.timeout + 30
             while scraper.last is None and time.monotonic() < deadline:

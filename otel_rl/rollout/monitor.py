@@ -130,6 +130,8 @@ class RolloutMonitor:
         self._clock = clock
         self._endpoints: list[str] = []
         self._endpoint_lock = threading.Lock()
+        self._sd_file: tuple[str | os.PathLike[str], dict[str, str] | None] | None = None
+        self._sd_lock = threading.Lock()
         self._engines: dict[tuple[str, str | None], EngineInfo] = {}
         self._windows: dict[int, EngineWindow] = {}
         self._round_totals: dict[str, list[float]] = {}
@@ -152,7 +154,10 @@ class RolloutMonitor:
     @classmethod
     def from_config(cls, section: dict[str, Any], *, emit: Emit) -> RolloutMonitor:
         """Build from a ``rollout_monitoring`` config section."""
-        known = {"endpoints", "collection_interval", "engine", "timeout", "per_engine", "enabled"}
+        known = {
+            "endpoints", "collection_interval", "engine", "timeout", "per_engine", "enabled",
+            "sd_file",
+        }  # fmt: skip
         unknown = set(section) - known
         if unknown:
             raise ValueError(f"rollout_monitoring: unknown keys {sorted(unknown)}")
@@ -177,7 +182,21 @@ class RolloutMonitor:
             for url in urls:
                 if url not in self._endpoints:
                     self._endpoints.append(url)
+            sd_file = self._sd_file
+        if sd_file is not None:
+            with self._sd_lock:  # the last write holds every endpoint added so far
+                self.write_sd_file(*sd_file)
         return urls
+
+    def keep_sd_file(
+        self, path: str | os.PathLike[str], labels: dict[str, str] | None = None
+    ) -> Path:
+        """:meth:`write_sd_file` now and again whenever :meth:`add_endpoints` adds one, so that a
+        collector or Prometheus reading the file follows the engines the run scrapes."""
+        with self._endpoint_lock:
+            self._sd_file = (path, labels)
+        with self._sd_lock:
+            return self.write_sd_file(path, labels)
 
     @property
     def endpoints(self) -> list[str]:

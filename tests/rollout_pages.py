@@ -1,0 +1,50 @@
+"""Inference-engine ``/metrics`` pages (vLLM V1, SGLang) served over real HTTP on 127.0.0.1.
+
+The pages are ``tests/fixtures/rollout`` (built from the engines' source, see its README): a first
+scrape and a later one, with the rows expected over the interval between them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+FIXTURES = Path(__file__).parent / "fixtures" / "rollout"
+V1_FIRST = (FIXTURES / "vllm-v1-8gpu-tp.prom").read_text()
+V1_LATER = (FIXTURES / "vllm-v1-8gpu-tp.later.prom").read_text()
+SG_FIRST = (FIXTURES / "sglang-4gpu.prom").read_text()
+SG_LATER = (FIXTURES / "sglang-4gpu.later.prom").read_text()
+V1_EXP = json.loads((FIXTURES / "vllm-v1-expected.json").read_text())
+SG_EXP = json.loads((FIXTURES / "sglang-expected.json").read_text())
+
+
+class PageServer:
+    """Serves ``self.page`` at /metrics on 127.0.0.1 (Prometheus text format 0.0.4)."""
+
+    def __init__(self, page: str = "") -> None:
+        self.page = page
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = owner.page.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
