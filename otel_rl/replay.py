@@ -151,6 +151,8 @@ def _replay_one(
     records, skipped, sealed = scan(directory)
     done_already, sendable = _resolve_checkpoints(records, sealed)
     cfg = resolve_config(_merge(meta.get("config") or {}, meta.get("resume") or {}))
+    # Rows written by replay name the run they belong to, as the live run's rows do.
+    cfg["run_id"] = cfg["run_id"] or run_id
     exporter = exporter_class(tracker).from_config(cfg)
     landed = _landed_before_the_kill(directory, exporter, {seq for seq, _ in sendable})
     sendable = [(seq, record) for seq, record in sendable if seq not in landed]

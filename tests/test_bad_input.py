@@ -331,6 +331,30 @@ def test_long_and_deep_keys_are_cut_in_messages(tmp_path, otel_rl_warnings):
     assert len(str(info.value)) < 200 and info.value.key == long_key  # the key itself is whole
 
 
+def test_warnings_stop_after_a_thousand_distinct_ones_and_the_values_still_arrive(
+    tmp_path, otel_rl_warnings
+):
+    """Keys made unique per step (``sample/<uuid>``) must not grow the warning set or the log
+    without bound: 1,000 distinct warnings, then one line saying the rest are silent."""
+    from tests.readers import jsonl_rows
+
+    logger = jsonl_logger(tmp_path)
+    for step in range(1005):
+        logger.log_metrics({f"bad/{step}": None, "loss": float(step)}, step=step)
+    logger.finish()
+    messages = warnings_of(otel_rl_warnings)
+    assert len(messages) == 1001
+    assert messages[999] == "otel-rl: metric 'bad/999': value None skipped"
+    assert messages[1000] == (
+        "otel-rl: 1000 different metric warnings so far; further bad keys and values are "
+        "skipped without a warning"
+    )
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]) for r in rows] == [
+        (step, {"loss": float(step)}) for step in range(1005)
+    ]
+
+
 # ---- property: good keys always arrive, whatever else is in the dict ---------------------------
 
 
