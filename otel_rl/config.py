@@ -24,15 +24,6 @@ from otel_rl.errors import ConfigError
 PASSTHROUGH_SECTIONS = ("wandb", "mlflow", "swanlab", "trackio", "trackers")
 
 #: Tracker backends and the config flag that enables each.
-BACKEND_FLAGS = {
-    "tensorboard": "tensorboard_enabled",
-    "jsonl": "jsonl_enabled",
-    "console": "console_enabled",
-    "wandb": "wandb_enabled",
-    "mlflow": "mlflow_enabled",
-    "swanlab": "swanlab_enabled",
-    "trackio": "trackio_enabled",
-}
 
 
 def load_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
@@ -76,13 +67,6 @@ def resolve_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict
     _check(cfg)
     check_tracker_settings(cfg)
     return cfg
-
-
-def enabled_backends(cfg: Mapping[str, Any]) -> list[str]:
-    """Names of the tracker backends a resolved config enables, in a stable order."""
-    names = [name for name, flag in BACKEND_FLAGS.items() if cfg.get(flag)]
-    names.extend(name for name in cfg.get("trackers") or {} if name not in names)
-    return names
 
 
 def __getattr__(name: str) -> Any:

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_rl.config import BACKEND_FLAGS
 from otel_rl.distributed.worker import WorkerMetrics
+from otel_rl.registry import BACKEND_FLAGS
 
 DEMO_BACKENDS = ("tensorboard", "jsonl", "console")
 

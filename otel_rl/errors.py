@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 #: Longest key shown in a message; longer keys are cut with an ellipsis and their length.
 MAX_SHOWN_KEY = 120
 #: Longest reason shown in a message (a reason may quote an exception's own text).
@@ -52,3 +54,35 @@ def shorten(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text)} chars)"
+
+
+class MetricReporter:
+    """What the Logger does with a bad key or value: raise (strict) or warn once.
+
+    Lenient: one warning per distinct (key, reason), so a value bad at every step warns once and
+    a second bad key still warns. The set is bounded (``limit``) so that keys made unique per step
+    cannot grow it; past the limit one line says so and the rest are silent.
+    """
+
+    def __init__(self, strict: bool, log: Any, limit: int = 1000) -> None:
+        self.strict = strict
+        self._log = log
+        self._limit = limit
+        self._warned: set[tuple[str, str]] = set()
+
+    def __call__(self, key: object, reason: str) -> None:
+        if self.strict:
+            raise MetricError(key, reason)
+        shown = shown_key(key)
+        if (shown, reason) in self._warned:
+            return
+        if len(self._warned) >= self._limit:
+            if len(self._warned) == self._limit:
+                self._warned.add(("", ""))
+                self._log.warning(
+                    "otel-rl: %d different metric warnings so far; further bad keys and values "
+                    "are skipped without a warning", self._limit,
+                )  # fmt: skip
+            return
+        self._warned.add((shown, reason))
+        self._log.warning("otel-rl: metric %s: %s", shown, shorten(reason, MAX_SHOWN_REASON))

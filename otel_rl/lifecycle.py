@@ -272,9 +272,7 @@ def _compute_roots() -> None:
 
     _roots["ours"] = tuple(os.path.join(os.path.abspath(p), "") for p in ours)
     _roots["sdk"] = tuple(os.path.join(os.path.abspath(p), "") for p in sdk)
-    _roots["swallow"] = tuple(
-        os.path.abspath(m.__file__ or "") for m in (weakref, _weakrefset)
-    )
+    _roots["swallow"] = tuple(os.path.abspath(m.__file__ or "") for m in (weakref, _weakrefset))
     # The command line's own loops (demo) are the program, not a critical section of ours.
     _roots["transparent"] = tuple(
         os.path.join(here, name) for name in ("cli.py", "demo.py", "__main__.py")
@@ -457,7 +455,12 @@ def _after_fork_in_child() -> None:
 
 def _disable_in_child(logger: Any) -> None:
     parent = os.getppid()
-    logger._lock = threading.RLock()  # possibly held by a parent thread at fork: never wait on it
+    # Locks possibly held by a parent thread at fork: never wait on them.
+    fresh = threading.RLock()
+    steps = getattr(logger, "_steps", None)
+    if steps is not None:
+        steps.lock, steps.closed = fresh, True
+    logger._lock = fresh
     logger._finished = True
     router = getattr(logger, "_router", None)
     pipeline = getattr(logger, "_pipeline", None)

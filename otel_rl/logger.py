@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import operator
 import os
 import threading
 import time
@@ -19,10 +18,10 @@ from opentelemetry.metrics import Observation
 
 from otel_rl import lifecycle
 from otel_rl.checkpoint import PendingStepCheckpointer
-from otel_rl.config import enabled_backends, resolve_config
+from otel_rl.config import resolve_config
 from otel_rl.delivery import ExportOptions
 from otel_rl.distributed.reductions import ReductionRules
-from otel_rl.errors import MAX_SHOWN_REASON, MetricError, shorten, shown_key
+from otel_rl.errors import MetricError, MetricReporter
 from otel_rl.fanout import Fanout
 from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.lifecycle import exit_code_hint, exit_code_of
@@ -38,19 +37,19 @@ from otel_rl.records import (
     rows_from_metrics,
 )
 from otel_rl.redaction import flatten_params, redact, redact_nested
-from otel_rl.registry import exporter_class
+from otel_rl.registry import enabled_backends, exporter_class
 from otel_rl.routing import global_router
+from otel_rl.self_telemetry import install_self_telemetry
 from otel_rl.spool import spool_root
+from otel_rl.steps import StepAssembler, checked_step
 from otel_rl.timing import Timer, TimerFactory
-from otel_rl.tracing import TRACE_ID_KEY, StepSpans, build_tracer_provider
+from otel_rl.tracing import StepSpans, build_tracer_provider
 from otel_rl.values import flatten_into
 
 _log = logging.getLogger("otel_rl")
 
 #: The x-axis of rollout rows (docs/rollout-monitoring.md).
 ROLLOUT_AXIS = "rollout/step"
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_MAX_WARNINGS = 1000  # distinct (key, reason) warnings before only counting
 
 
 class Logger:
@@ -79,6 +78,7 @@ class Logger:
         # ``otel-rl replay``, which rebuilds them from the config kept in the spool.
         cfg["run_id"] = self.run_id
         self._strict = bool(cfg["strict"])
+        self._report = MetricReporter(self._strict, _log)
         export = cfg["export"]
         self._shutdown_timeout = float(export["shutdown_timeout"])
         options = ExportOptions(
@@ -120,23 +120,28 @@ class Logger:
         )
         self._known: set[str] = set()
         self._latest: dict[str, float] = {}
-        self._lock = threading.RLock()
-        self._pending: dict[str, Any] = {}
-        self._pending_otel: list[Any] = []
-        self._pending_step: int | None = None
-        self._step_metrics: dict[str, str] = {}
-        self._last_step: int | None = None
-        self._warned: set[tuple[str, str]] = set()
-        self._finished = False
+        #: ``steps`` sealed, ``backwards_steps``, ``nonfinite`` values logged.
         self.stats = {"nonfinite": 0, "backwards_steps": 0, "steps": 0}
-        self._checkpointed: tuple[Any, ...] | None = None
+        self._steps = StepAssembler(
+            send=self._fanout.send,
+            take_otel=self._pipeline.step_reader.take,
+            convert=self._convert,
+            report=self._report,
+            stats=self.stats,
+            step_spans=self._step_spans,
+        )
+        self._lock = self._steps.lock
+        self._finished = False
         # Copies the step still being logged to the spools, so that a crash during a long
         # step loses at most export.fsync_interval of it (docs/reliability.md).
         self._checkpointer = PendingStepCheckpointer(
-            float(export["fsync_interval"]) / 2, self._snapshot_pending, self.exporters
+            float(export["fsync_interval"]) / 2, self._steps.snapshot, self.exporters
         )
         self._checkpointer.start()
-        self._install_self_telemetry()
+        if self._pipeline.has_side_readers:
+            install_self_telemetry(
+                self._side_meter, self.exporters, self.stats, lambda: self._steps.last_step
+            )
         #: The Ray GPU/node monitor (``monitor_gpus: true``), else ``None``; see
         #: docs/gpu-monitoring.md. It scrapes on its own thread.
         self.gpu_monitor: Any = None
@@ -150,6 +155,8 @@ class Logger:
         #: The inference-engine monitor (``rollout_monitoring``), else ``None``; see
         #: docs/rollout-monitoring.md. It scrapes on its own thread.
         self.rollout_monitor: Any = self._build_rollout_monitor(cfg["rollout_monitoring"])
+        if self.rollout_monitor is not None:
+            self._steps.on_seal.append(self.rollout_monitor.mark_step)
         self._atexit = _weak_atexit(self)
         atexit.register(self._atexit)
         # Signals raise only at safe points, sys.exit codes reach atexit, fork children disable
@@ -222,23 +229,15 @@ class Logger:
             # Everything that can refuse the call (the step, a key collision in strict mode)
             # runs before the pending step changes: a refused call leaves no trace, not even
             # an empty row at its step.
-            step = self._resolve_step(step)
+            step = self._steps.resolve(step, self._strict)
             new = fresh.keys() - self._known
             if new:
                 self._register(new, fresh)
-            if self._pending_step is not None and step != self._pending_step:
-                self._seal()
-            self._pending_step = step
-            self._pending.update(fresh)
+            self._steps.add(step, fresh, prefix, step_metric)
             if self._pipeline.has_side_readers:
                 self._latest.update(fresh)
-            self._pending_otel.extend(self._pipeline.step_reader.take())
-            if self._step_spans is not None:
-                self._step_spans.take(step)
-            if step_metric is not None:
-                self._step_metrics[prefix] = step_metric
             if step_finished:
-                self._seal()
+                self._steps.seal()
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Record the run's configuration (nested keys flattened with ``.``; secrets redacted)."""
@@ -334,7 +333,7 @@ class Logger:
         returns whether all trackers caught up.
         """
         with self._lock:
-            self._seal(final=True)
+            self._steps.seal(final=True)
         deadline = time.monotonic() + (self._shutdown_timeout if timeout is None else timeout)
         ok = True
         if self.gpu_monitor is not None:
@@ -350,9 +349,8 @@ class Logger:
         """Send what is pending, drain every tracker (within ``export.shutdown_timeout``) and
         close the run; ``exit_code != 0`` marks it failed in trackers that keep a status."""
         with self._lock:
-            if self._finished:
+            if not self._steps.close():
                 return
-            self._seal(final=True)
             self._finished = True
         self._checkpointer.stop()
         atexit.unregister(self._atexit)
@@ -404,27 +402,6 @@ class Logger:
         exporter.attach(options, **self._spool_options(exporter.name))
         exporter.start()
 
-    def _snapshot_pending(self) -> StepBatch | None:
-        """The step still being logged, if it changed since the last snapshot (checkpoint
-        thread; the lock is held for a dict copy)."""
-        with self._lock:
-            if self._pending_step is None or self._finished:
-                return None
-            state = (self._pending_step, len(self._pending_otel), self._pending)
-            if self._checkpointed == state:
-                return None
-            values = dict(self._pending)
-            self._checkpointed = (state[0], state[1], values)
-            return StepBatch(
-                step=self._pending_step,
-                values=values,
-                otel=tuple(self._pending_otel),
-                step_metrics=dict(self._step_metrics),
-                converter=self._convert,
-                seal=self.stats["steps"],
-                provisional=True,
-            )
-
     def _spool_options(self, tracker: str) -> dict[str, Any]:
         if not self.config["export"]["spool"]:
             return {}
@@ -436,62 +413,6 @@ class Logger:
                 "config": redact_nested(self.config),
             },
         }
-
-    def _resolve_step(self, step: Any) -> int:
-        if step is None:
-            if self._pending_step is not None:
-                return self._pending_step
-            return 0 if self._last_step is None else self._last_step + 1
-        if type(step) is not int:
-            step = _integral_step(step)
-        if not _INT64_MIN <= step <= _INT64_MAX:
-            # Every tracker stores steps as int64: such a step could never be written.
-            raise MetricError(
-                "<step>", f"step {step} is outside the signed 64-bit range trackers store; "
-                "this call's values are dropped",
-            )  # fmt: skip
-        seen = [s for s in (self._last_step, self._pending_step) if s is not None]
-        last = max(seen) if seen else None
-        if last is not None and step < last and step != self._pending_step:
-            self.stats["backwards_steps"] += 1
-            if self.stats["backwards_steps"] == 1 or self._strict:
-                self._report(
-                    "<step>",
-                    f"step went backwards ({last} -> {step}); the rows are still sent (see "
-                    "docs/backends/README.md for what each tracker does with them); further "
-                    "backwards steps are only counted in logger.stats['backwards_steps']",
-                )
-        return step
-
-    def _seal(self, final: bool = False) -> None:
-        """Hand the pending step to the exporters (caller holds the lock)."""
-        if final:
-            self._pending_otel.extend(self._pipeline.step_reader.take())
-        step = self._pending_step
-        if step is None:
-            if not self._pending_otel:
-                return
-            step = 0 if self._last_step is None else self._last_step + 1
-        if self._step_spans is not None:
-            trace_id = self._step_spans.seal(step, final)
-            if trace_id is not None:  # the row names the trace of its step
-                self._pending[TRACE_ID_KEY] = trace_id
-        if self.rollout_monitor is not None:
-            self.rollout_monitor.mark_step(step)
-        batch = StepBatch(
-            step=step,
-            values=self._pending,
-            otel=tuple(self._pending_otel),
-            step_metrics=dict(self._step_metrics),
-            converter=self._convert,
-            seal=self.stats["steps"],
-        )
-        self._pending = {}
-        self._pending_otel = []
-        self._pending_step = None
-        self._last_step = step if self._last_step is None else max(step, self._last_step)
-        self.stats["steps"] += 1
-        self._fanout.send(batch)
 
     def _convert(self, datas: Sequence[Any]) -> dict[str, Any]:
         return rows_from_metrics(datas, self._key_of)
@@ -526,38 +447,6 @@ class Logger:
 
         return callback
 
-    def _install_self_telemetry(self) -> None:
-        if not self._pipeline.has_side_readers:
-            return
-
-        def queue_depth(options: Any) -> list[Observation]:
-            return [Observation(e.pending, {"tracker": e.name}) for e in self.exporters]
-
-        def delivered(options: Any) -> list[Observation]:
-            return [Observation(e.stats["delivered"], {"tracker": e.name}) for e in self.exporters]
-
-        def dropped(options: Any) -> list[Observation]:
-            return [Observation(e.stats["dropped"], {"tracker": e.name}) for e in self.exporters]
-
-        def nonfinite(options: Any) -> list[Observation]:
-            return [Observation(self.stats["nonfinite"])]
-
-        # Progress for dashboards: rate(otel_rl_steps_total) is the training throughput in steps.
-        def steps(options: Any) -> list[Observation]:
-            return [Observation(self.stats["steps"])]
-
-        def last_step(options: Any) -> list[Observation]:
-            last = self._last_step
-            return [] if last is None else [Observation(last)]
-
-        meter = self._side_meter
-        meter.create_observable_counter("otel_rl.steps", [steps], unit="{step}")
-        meter.create_observable_gauge("otel_rl.step", [last_step], unit="{step}")
-        meter.create_observable_gauge("otel_rl.exporter.queue", [queue_depth], unit="{record}")
-        meter.create_observable_counter("otel_rl.exporter.delivered", [delivered])
-        meter.create_observable_counter("otel_rl.exporter.dropped", [dropped])
-        meter.create_observable_counter("otel_rl.values.nonfinite", [nonfinite])
-
     def _build_rollout_monitor(self, section: Mapping[str, Any]) -> Any:
         enabled = section["enabled"]
         if not (section["endpoints"] if enabled is None else enabled):
@@ -590,61 +479,12 @@ class Logger:
             except ValueError as exc:
                 raise MetricError(name, f"{what} skipped: {exc}") from None
             try:
-                checked = step if type(step) is int else _integral_step(step)
+                return checked_step(step)
             except MetricError as exc:
                 raise MetricError(name, f"{what} skipped: {exc.reason}") from None
-            if not _INT64_MIN <= checked <= _INT64_MAX:
-                raise MetricError(name, f"{what} skipped: step {checked} is outside int64")
-            return checked
         except MetricError as exc:
             self._report(exc.key, exc.reason)  # raises in strict mode
             return None
-
-    def _report(self, key: object, reason: str) -> None:
-        if self._strict:
-            raise MetricError(key, reason)
-        shown = shown_key(key)
-        # Once per (key, reason): a bad value logged at every step warns once, a second bad key
-        # still warns. The set is bounded so that keys made unique per step cannot grow it.
-        if (shown, reason) in self._warned:
-            return
-        if len(self._warned) >= _MAX_WARNINGS:
-            if len(self._warned) == _MAX_WARNINGS:
-                self._warned.add(("", ""))
-                _log.warning(
-                    "otel-rl: %d different metric warnings so far; further bad keys and values are "
-                    "skipped without a warning", _MAX_WARNINGS,
-                )  # fmt: skip
-            return
-        self._warned.add((shown, reason))
-        _log.warning("otel-rl: metric %s: %s", shown, shorten(reason, MAX_SHOWN_REASON))
-
-
-def _integral_step(step: Any) -> int:
-    """``step`` as an int: ints and integer types (numpy, 0-d integer tensors) as they are, a
-    float only when it is a whole number (``3.0``); bool, text and ``8.9`` are refused."""
-    if isinstance(step, bool) or type(step).__name__ in ("bool_", "bool"):
-        raise MetricError("<step>", f"step must be an integer, got the boolean {step!r}")
-    if isinstance(step, (str, bytes)):
-        raise MetricError(
-            "<step>", f"step must be an integer or None, got {type(step).__name__} {step!r:.40}"
-        )
-    try:
-        return operator.index(step)  # numpy integers, integer tensors
-    except TypeError:
-        pass
-    try:
-        number = float(step)
-    except (TypeError, ValueError, OverflowError):
-        raise MetricError(
-            "<step>", f"step must be an integer or None, got {type(step).__name__}"
-        ) from None
-    if not number.is_integer():
-        raise MetricError(
-            "<step>", f"step must be a whole number, got {number!r} "
-            "(steps are never rounded: pass int(step) if that is what you mean)",
-        )  # fmt: skip
-    return int(number)
 
 
 def _shutdown_exporter(exporter: Any, timeout_ms: float, exit_code: int) -> None:

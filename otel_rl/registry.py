@@ -9,11 +9,24 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Mapping
 from importlib.metadata import entry_points
+from typing import Any
 
 from otel_rl.errors import ConfigError
 
 ENTRY_POINT_GROUP = "otel_rl.exporters"
+
+#: The config flag that enables each built-in tracker.
+BACKEND_FLAGS = {
+    "tensorboard": "tensorboard_enabled",
+    "jsonl": "jsonl_enabled",
+    "console": "console_enabled",
+    "wandb": "wandb_enabled",
+    "mlflow": "mlflow_enabled",
+    "swanlab": "swanlab_enabled",
+    "trackio": "trackio_enabled",
+}
 
 _BUILTIN = {
     "console": "otel_rl.exporters.console:ConsoleExporter",
@@ -24,6 +37,7 @@ _BUILTIN = {
     "swanlab": "otel_rl.exporters.swanlab:SwanLabExporter",
     "trackio": "otel_rl.exporters.trackio:TrackioExporter",
 }
+
 
 def available_exporters() -> dict[str, str]:
     """``{name: "module:Class"}`` for every installed tracker exporter."""
@@ -57,3 +71,10 @@ def exporter_class(name: str) -> type:
                 f"Install it with: pip install 'otel-rl[{name}]'"
             )
     return cls
+
+
+def enabled_backends(cfg: Mapping[str, Any]) -> list[str]:
+    """Names of the tracker backends a resolved config enables, in a stable order."""
+    names = [name for name, flag in BACKEND_FLAGS.items() if cfg.get(flag)]
+    names.extend(name for name in cfg.get("trackers") or {} if name not in names)
+    return names

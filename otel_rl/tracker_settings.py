@@ -91,7 +91,7 @@ def check_tracker_settings(cfg: Mapping[str, Any]) -> None:
     ``cfg`` is a resolved config (every key present). Disabled trackers are not checked: NeMo RL
     configs keep a ``wandb:`` section while ``wandb_enabled: false``, and the SDK may be absent.
     """
-    from otel_rl.config import BACKEND_FLAGS, enabled_backends
+    from otel_rl.registry import BACKEND_FLAGS, enabled_backends
 
     for name, options in (cfg.get("trackers") or {}).items():
         if name in BACKEND_FLAGS and options:
