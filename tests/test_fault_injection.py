@@ -93,6 +93,7 @@ def test_checker_finds_missing_duplicate_out_of_order_and_wrong_rows():
     assert (counts.expected, counts.missing, counts.duplicates) == (8, 1, 1)
 
 
+@pytest.mark.slow
 def test_killed_training_and_replay_deliver_each_step_exactly_once(tmp_path, record_property):
     """A few dozen kills (JSONL, TensorBoard, the test tracker slow/down); about a minute."""
     _run(tmp_path, Harness(tmp_path / "runs", grace=GRACE), DEFAULT_ITERATIONS, record_property)
