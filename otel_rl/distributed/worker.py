@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics._internal.exemplar import AlwaysOffExemplarFilter
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from otel_rl.distributed.reductions import REDUCTIONS, ReductionConflictError
