@@ -106,7 +106,8 @@ class LoggerMachine(RuleBasedStateMachine):
                 "export": {
                     "fsync_interval": 0.05,
                     "retry_max_backoff": 0.05,
-                    "shutdown_timeout": 0.5,
+                    # a bound, not a wait: finish() returns once the trackers caught up
+                    "shutdown_timeout": 10.0,
                     "handle_signals": False,
                 },
             },
