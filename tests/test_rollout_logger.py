@@ -151,3 +151,30 @@ def test_enabled_without_endpoints_waits_for_added_ones_and_off_means_no_thread(
         assert logger.rollout_monitor is None
     with pytest.raises(ConfigError, match=r"rollout_monitoring\.endpoints\[0\]"):
         Logger({"log_dir": str(log_dir), "rollout_monitoring": {"endpoints": ["no-port"]}})
+
+
+def test_an_unwritable_sd_file_is_one_warning_and_the_rows_still_arrive(engines, log_dir, caplog):
+    vllm, _ = engines
+    blocker = log_dir / "not-a-dir"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("a file where the folder should be")
+    cfg = {
+        "log_dir": str(log_dir),
+        "rollout_monitoring": {
+            "endpoints": [vllm.url],
+            "collection_interval": 3600,
+            "sd_file": str(blocker / "engines.json"),
+        },
+    }
+    with caplog.at_level("WARNING", logger="otel_rl"), Logger(cfg) as logger:
+        logger.rollout_monitor.add_endpoints(["127.0.0.1:1"])  # tries again, warns no more
+        logger.log_metrics({"reward": 1.0}, step=0)
+    warnings = [r.getMessage() for r in caplog.records if "file_sd" in r.getMessage()]
+    assert len(warnings) == 1
+    assert (
+        str(blocker / "engines.json") in warnings[0] and "rollout_monitoring.sd_file" in warnings[0]
+    )
+    rows = jsonl_rows(log_dir / "metrics.jsonl")
+    assert [r["metrics"] for r in rows if "axis" not in r] == [{"reward": 1.0}]
+    (rollout,) = [r for r in rows if r.get("axis") == "rollout/step"]
+    assert rollout["step"] == 0 and rollout["metrics"]["rollout/engine.0.requests_finished"] == 0.0

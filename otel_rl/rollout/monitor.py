@@ -184,19 +184,36 @@ class RolloutMonitor:
                     self._endpoints.append(url)
             sd_file = self._sd_file
         if sd_file is not None:
-            with self._sd_lock:  # the last write holds every endpoint added so far
-                self.write_sd_file(*sd_file)
+            self._rewrite_sd_file(*sd_file)
         return urls
 
     def keep_sd_file(
         self, path: str | os.PathLike[str], labels: dict[str, str] | None = None
-    ) -> Path:
+    ) -> bool:
         """:meth:`write_sd_file` now and again whenever :meth:`add_endpoints` adds one, so that a
-        collector or Prometheus reading the file follows the engines the run scrapes."""
+        collector or Prometheus reading the file follows the engines the run scrapes.
+
+        A file that cannot be written costs the dashboards, not the run: one warning naming the
+        path and the cause, and the next endpoint added tries again. Returns whether it was
+        written."""
         with self._endpoint_lock:
             self._sd_file = (path, labels)
-        with self._sd_lock:
-            return self.write_sd_file(path, labels)
+        return self._rewrite_sd_file(path, labels)
+
+    def _rewrite_sd_file(self, path: str | os.PathLike[str], labels: dict[str, str] | None) -> bool:
+        with self._sd_lock:  # the last write holds every endpoint added so far
+            try:
+                self.write_sd_file(path, labels)
+            except OSError as exc:
+                if ("sd_file", str(path)) not in self._warned:
+                    self._warned.add(("sd_file", str(path)))
+                    _log.warning(
+                        "otel-rl: rollout monitoring: cannot write the file_sd file %s (%s: %s); "
+                        "a collector reading it will not see these engines (rollout_monitoring."
+                        "sd_file)", path, type(exc).__name__, exc.strerror or exc,
+                    )  # fmt: skip
+                return False
+        return True
 
     @property
     def endpoints(self) -> list[str]:
