@@ -22,19 +22,21 @@ Where things go (see docs/backends/mlflow.md):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.mlflow_names import NameMap, sanitize
 
 from otel_rl.errors import ConfigError
 from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.redaction import collect_secrets, redact_text, secret_values
 
 #: MLflow's per-request limits (mlflow.utils.validation).
 MAX_METRICS_PER_REQUEST = 1000
@@ -55,6 +57,24 @@ _KILLED_CODES = frozenset({130, 137, 143, -2, -9, -15})
 _PERMANENT_ERRORS = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"})
 
 _HISTOGRAM_STATS = ("count", "sum", "mean", "min", "max")
+
+_Hook = TypeVar("_Hook", bound=Callable[..., Any])
+
+
+def _scrubs_errors(hook: _Hook) -> _Hook:
+    """MLflow's errors quote the request URL, which holds the tracking URI's ``user:password@``;
+    the error is scrubbed in place (type and ``error_code`` kept, so it is classified the same)
+    before it reaches any log line or the spool."""
+
+    @functools.wraps(hook)
+    def wrapper(self: MlflowExporter, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as exc:
+            _scrub_exception(exc, self._secrets)
+            raise
+
+    return wrapper  # type: ignore[return-value]
 
 
 def run_status(exit_code: int) -> str:
@@ -124,7 +144,14 @@ class MlflowExporter(TrackerExporter):
         # failure does not send them again (stores keep duplicates of re-sent points).
         self._sent: weakref.WeakKeyDictionary[StepBatch, int] = weakref.WeakKeyDictionary()
         self._artifact_names: dict[str, set[str]] = {}
+        # The URI's password (and the secret env vars) are replaced in every error message.
+        self._secrets = secret_values(collect_secrets({"tracking_uri": self.tracking_uri}))
         super().__init__(**kwargs)
+
+    @property
+    def shown_tracking_uri(self) -> str:
+        """The tracking URI as log lines may show it (no password)."""
+        return redact_text(self.tracking_uri, self._secrets)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> MlflowExporter:
@@ -152,12 +179,15 @@ class MlflowExporter(TrackerExporter):
 
     # ---- worker thread -----------------------------------------------------------------------
 
+    @_scrubs_errors
     def open(self) -> None:
         from mlflow import MlflowClient
 
         if self.local_default:
             self._create_local_store()
         client = MlflowClient(tracking_uri=self.tracking_uri)
+        if self.shown_tracking_uri != self.tracking_uri:
+            _print_links_without_password(client, self.shown_tracking_uri)
         if self.run_id:
             run = client.get_run(self.run_id)  # a wrong id fails here, loudly, and is retried
             if run.info.status != "RUNNING":
@@ -174,6 +204,7 @@ class MlflowExporter(TrackerExporter):
     def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
         self.write_batches([batch])
 
+    @_scrubs_errors
     def write_batches(self, batches: Sequence[StepBatch]) -> None:
         pending: list[tuple[StepBatch, Any]] = []
         for batch in batches:
@@ -190,6 +221,7 @@ class MlflowExporter(TrackerExporter):
                     path = f"text/{_artifact_dir(key)}/step_{batch.step}.txt"
                     self._client.log_text(self.run_id, value, path)
 
+    @_scrubs_errors
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
@@ -217,10 +249,12 @@ class MlflowExporter(TrackerExporter):
         for start in range(0, len(items), MAX_PARAMS_PER_REQUEST):
             self._send(items[start : start + MAX_PARAMS_PER_REQUEST], "params")
 
+    @_scrubs_errors
     def write_plot(self, name: str, step: int, png: bytes) -> None:
         folder = f"plots/{_artifact_dir(name)}"
         self._log_file(folder, self._unused_name(folder, f"step_{step}", ".png"), png)
 
+    @_scrubs_errors
     def write_table(
         self,
         name: str,
@@ -235,6 +269,7 @@ class MlflowExporter(TrackerExporter):
         filename = self._unused_name(folder, f"step_{step}", ".json")
         self._log_file(folder, filename, json.dumps(data).encode("utf-8"))
 
+    @_scrubs_errors
     def close(self, exit_code: int) -> None:
         if self._client is not None and self.run_id:
             self._client.set_terminated(self.run_id, status=run_status(exit_code))
@@ -356,9 +391,50 @@ def _is_permanent(exc: Exception) -> bool:
     return getattr(exc, "error_code", None) in _PERMANENT_ERRORS
 
 
+def _print_links_without_password(client: Any, shown_uri: str) -> None:
+    """MLflow prints "View run <name> at: <tracking URI>/#/..." when a run ends, password
+    included. This client prints the same links with the password replaced; if MLflow's
+    internals differ from the version this was written for, the links are not printed at all
+    (``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT``, MLflow's own switch, read when a run ends)."""
+    tracking = getattr(client, "_tracking_client", None)
+    if tracking is None or not callable(getattr(tracking, "_log_url", None)):
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+        return
+
+    def log_url(run_id: str) -> None:
+        try:
+            run = client.get_run(run_id)
+        except Exception:
+            return  # a link is a courtesy: never fail the run's end for it
+        base = shown_uri.rstrip("/")
+        experiment = f"{base}/#/experiments/{run.info.experiment_id}"
+        print(f"🏃 View run {run.info.run_name} at: {experiment}/runs/{run_id}", flush=True)
+        print(f"🧪 View experiment at: {experiment}", flush=True)
+
+    tracking._log_url = log_url
+
+
 def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
+    text = redact_text(str(exc)).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _scrub_exception(exc: BaseException, secrets: set[str], depth: int = 0) -> None:
+    """Redact the messages of ``exc`` and of its causes, in place."""
+    if depth > 5:
+        return
+    try:
+        exc.args = tuple(
+            redact_text(a, secrets) if isinstance(a, str) else a for a in exc.args
+        )
+        message = getattr(exc, "message", None)
+        if isinstance(message, str):
+            exc.message = redact_text(message, secrets)  # type: ignore[attr-defined]
+    except Exception:
+        pass  # an exception type with read-only attributes: leave it as it is
+    for linked in (exc.__cause__, exc.__context__):
+        if linked is not None and linked is not exc:
+            _scrub_exception(linked, secrets, depth + 1)
 
 
 def _artifact_dir(name: str) -> str:

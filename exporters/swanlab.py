@@ -27,6 +27,7 @@ from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.conversions import png_to_image
 
 from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.redaction import redact_init_kwargs
 
 
 class SwanLabExporter(TrackerExporter):
@@ -40,6 +41,9 @@ class SwanLabExporter(TrackerExporter):
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self.init_kwargs = dict(init_kwargs or {})
+        # The section's own ``config`` (and free-text fields) reach the tracker's files as they
+        # are: they go through the same redaction as log_hyperparams.
+        self.init_kwargs = redact_init_kwargs(self.init_kwargs)
         self.run: Any = None
         self._swanlab: Any = None
         super().__init__(**kwargs)

@@ -20,6 +20,7 @@ from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 
 from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.redaction import redact_init_kwargs
 
 
 class TrackioExporter(TrackerExporter):
@@ -29,6 +30,9 @@ class TrackioExporter(TrackerExporter):
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self.init_kwargs = dict(init_kwargs or {})
+        # The section's own ``config`` (and free-text fields) reach the tracker's files as they
+        # are: they go through the same redaction as log_hyperparams.
+        self.init_kwargs = redact_init_kwargs(self.init_kwargs)
         self.init_kwargs.setdefault("project", "otel-rl")
         self.init_kwargs.setdefault("embed", False)
         self.run: Any = None

@@ -25,6 +25,7 @@ from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 
 from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.redaction import redact_init_kwargs
 
 #: The row key that carries the training step (the x-axis of every training metric).
 STEP_KEY = "global_step"
@@ -41,6 +42,9 @@ class WandbExporter(TrackerExporter):
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self.init_kwargs = dict(init_kwargs or {})
+        # The section's own ``config`` (and free-text fields) reach the tracker's files as they
+        # are: they go through the same redaction as log_hyperparams.
+        self.init_kwargs = redact_init_kwargs(self.init_kwargs)
         self.run: Any = None
         self._wandb: Any = None
         self._axis_of: dict[str, str | None] = {}

@@ -36,7 +36,7 @@ from otel_rl.records import (
     histogram_of,
     rows_from_metrics,
 )
-from otel_rl.redaction import flatten_params, redact, redact_nested
+from otel_rl.redaction import compile_patterns, flatten_params, redact, redact_nested
 from otel_rl.registry import enabled_backends, exporter_class
 from otel_rl.routing import global_router
 from otel_rl.self_telemetry import install_self_telemetry
@@ -79,6 +79,7 @@ class Logger:
         cfg["run_id"] = self.run_id
         self._strict = bool(cfg["strict"])
         self._report = MetricReporter(self._strict, _log)
+        self._redaction = compile_patterns(tuple(cfg["redaction"]["extra_patterns"]))
         export = cfg["export"]
         self._shutdown_timeout = float(export["shutdown_timeout"])
         options = ExportOptions(
@@ -242,7 +243,7 @@ class Logger:
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Record the run's configuration (nested keys flattened with ``.``; secrets redacted)."""
         try:
-            flat = redact(flatten_params(params))
+            flat = redact(flatten_params(params), extra_patterns=self._redaction)
         except Exception as exc:
             if self._strict:
                 raise MetricError("<hyperparams>", str(exc)) from exc
@@ -410,7 +411,7 @@ class Logger:
             "spool_meta": {
                 "run_id": self.run_id,
                 "log_dir": str(self.log_dir),
-                "config": redact_nested(self.config),
+                "config": redact_nested(self.config, extra_patterns=self._redaction),
             },
         }
 

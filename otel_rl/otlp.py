@@ -13,11 +13,13 @@ the training loop.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
@@ -63,12 +65,19 @@ def resolve_otlp(otlp: Mapping[str, Any], environ: Mapping[str, str] | None = No
             f"otlp protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r} "
             "(from the config or OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL)"
         )
+    endpoint, basic_auth = _split_userinfo(_endpoint(otlp.get("endpoint"), protocol, env))
+    headers = _headers(otlp.get("headers"), env)
+    if basic_auth is not None:
+        # The endpoint's ``user:password@`` becomes the Basic auth header HTTP clients derive from
+        # it, so that the endpoint itself (shown in log lines and errors) carries no secret. An
+        # explicit Authorization header wins, as it would over the URL's userinfo.
+        headers.setdefault("authorization", basic_auth)
     return OtlpSettings(
         protocol=protocol,
-        endpoint=_endpoint(otlp.get("endpoint"), protocol, env),
+        endpoint=endpoint,
         timeout_s=_timeout(otlp.get("timeout"), env),
         interval_s=_interval(otlp.get("interval"), env),
-        headers=_headers(otlp.get("headers"), env),
+        headers=headers,
         insecure=_insecure(otlp.get("insecure"), env),
         histogram=_histogram(otlp.get("histogram")),
     )
@@ -83,6 +92,9 @@ def otlp_readers(otlp: Mapping[str, Any]) -> list[PeriodicExportingMetricReader]
     """One periodic OTLP reader (call once per provider: a reader serves one provider)."""
     settings = resolve_otlp(otlp)
     exporter = build_exporter(settings)
+    # DEBUG only: the endpoint is already free of userinfo (see resolve_otlp), but where metrics
+    # go is the Logger's message to give, once.
+    _log.debug("otel-rl: OTLP metrics reader for %s (%s)", settings.endpoint, settings.protocol)
     return [
         PeriodicExportingMetricReader(
             exporter,
@@ -144,6 +156,18 @@ def _endpoint(configured: str | None, protocol: str, env: Mapping[str, str]) -> 
     if specific:
         return specific
     return _with_metrics_path(_env(env, "OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_HTTP_ENDPOINT)
+
+
+def _split_userinfo(endpoint: str) -> tuple[str, str | None]:
+    """``http://user:pw@host/x`` → (``http://host/x``, ``"Basic <base64(user:pw)>"``)."""
+    parts = urlsplit(endpoint)
+    if "@" not in parts.netloc:
+        return endpoint, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    credentials = f"{unquote(user)}:{unquote(password)}".encode()
+    stripped = urlunsplit(parts._replace(netloc=hostport))
+    return stripped, "Basic " + base64.b64encode(credentials).decode("ascii")
 
 
 def _with_metrics_path(base: str) -> str:

@@ -9,8 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from otel_rl.distributed.reductions import REDUCTIONS, ReductionConflictError
