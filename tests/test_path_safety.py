@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -117,9 +118,44 @@ def test_unusable_plot_names_and_steps_are_refused_on_the_callers_thread(
     ]
     assert _files_under(log_dir / "plots") == [os.path.join("ok", "step_2.png")]
 
-    strict = Logger({"log_dir": str(tmp_path / "strict"), "strict": True,
-                     "export": {"spool": False, "on_full": "block"}})
+    strict = Logger(
+        {
+            "log_dir": str(tmp_path / "strict"),
+            "strict": True,
+            "export": {"spool": False, "on_full": "block"},
+        }
+    )
     with pytest.raises(MetricError, match="no usable path part"):
         strict.log_plot(_figure(), 1, "../")
     strict.finish()
     assert not (tmp_path / "strict" / "plots").exists()
+
+
+def test_nemo_rl_jsonl_dumps_with_hostile_filenames_stay_inside_log_dir(tmp_path, otel_rl_warnings):
+    """NeMo RL's ``log_batched_dict_as_jsonl`` / ``log_string_list_as_jsonl`` take a filename
+    relative to the log dir: traversal and absolute names land inside it too, and a name with
+    nothing usable is one warning."""
+    import json
+
+    from otel_rl.compat.nemo_rl import Logger as NemoLogger
+
+    log_dir = tmp_path / "run" / "logs"
+    logger = NemoLogger({"log_dir": str(log_dir), "wandb_enabled": False})
+    logger.log_batched_dict_as_jsonl({"reward": [1.0, 2.0]}, "../../outside/train_data_step1.jsonl")
+    logger.log_string_list_as_jsonl(["a", "b"], "/abs/samples.jsonl")
+    logger.log_string_list_as_jsonl(["c"], "../..")
+    logger.log_batched_dict_as_jsonl({"reward": [3.0]}, "train_data_step2.jsonl")
+    logger.finish()
+    base = Path(logger.base_log_dir)
+    inside = os.path.relpath(base, tmp_path) + os.sep
+    assert [f for f in _files_under(tmp_path) if not f.startswith(inside)] == []
+    lines = (base / "outside" / "train_data_step1.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"reward": [1.0], "idx": 0},
+        {"reward": [2.0], "idx": 1},
+    ]
+    assert (base / "abs" / "samples.jsonl").read_text().splitlines() == ["a", "b"]
+    step2 = (base / "train_data_step2.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in step2] == [{"reward": [3.0], "idx": 0}]
+    warnings = [r.getMessage() for r in otel_rl_warnings.records if "not written" in r.getMessage()]
+    assert len(warnings) == 1 and "'../..'" in warnings[0]

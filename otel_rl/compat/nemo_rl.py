@@ -45,6 +45,7 @@ from otel_rl.compat.nemo_utils import (
     get_next_experiment_dir,
     log_container_init_timing,
 )
+from otel_rl.paths import path_inside
 
 __all__ = [
     "GPUMonitoringConfig",
@@ -237,8 +238,8 @@ class Logger:
         """
         from otel_rl.artifacts import iter_batch_lines, snapshot_batch, write_lines_atomically
 
-        path = os.path.join(self.base_log_dir, filename)
-        if self._after_finish(path):
+        path = self._artifact_path(filename)
+        if path is None or self._after_finish(path):
             return
         try:
             columns, size = snapshot_batch(to_log)
@@ -255,11 +256,23 @@ class Logger:
         """Append each string as one line to ``<log_dir>/<filename>`` (in the background)."""
         from otel_rl.artifacts import append_lines
 
-        path = os.path.join(self.base_log_dir, filename)
-        if self._after_finish(path):
+        path = self._artifact_path(filename)
+        if path is None or self._after_finish(path):
             return
         lines = [str(line) for line in to_log]
         self.artifacts.submit(path, lambda: append_lines(path, lines))
+
+    def _artifact_path(self, filename: object) -> str | None:
+        """``<log_dir>/<filename>`` made safe (no way out of ``log_dir``: ``..`` and absolute
+        parts removed, see otel_rl/paths.py); ``None`` and a warning (an error in strict mode)
+        when nothing usable is left of the name."""
+        try:
+            return str(path_inside(self.base_log_dir, filename))
+        except ValueError as exc:
+            if self.cfg["strict"]:
+                raise
+            _log.warning("otel-rl: %r not written: %s", filename, exc)
+            return None
 
     def finish(self, exit_code: int | None = None) -> None:
         """Write pending dumps, drain every tracker and close the run.
@@ -274,8 +287,9 @@ class Logger:
         code = exit_code_now() if exit_code is None else int(exit_code)
         timeout = float(self.cfg["export"]["shutdown_timeout"])
         if not self.artifacts.close(timeout):
-            _log.warning("otel-rl: %d artifact dump(s) still being written at finish",
-                         self.artifacts.pending)
+            _log.warning(
+                "otel-rl: %d artifact dump(s) still being written at finish", self.artifacts.pending
+            )
         self.core.finish(exit_code=code)
 
     # ---- otel-rl additions --------------------------------------------------------------------
@@ -396,4 +410,3 @@ def _merge_worker_lists(metrics: Any) -> Any:
         else:
             merged[metric] = by_worker
     return {**metrics, "generation_logger_metrics": merged}
-
