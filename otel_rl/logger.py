@@ -256,12 +256,12 @@ class Logger:
         object may change as soon as this returns)."""
         import io
 
-        step = self._checked_record(name, step, "plot")
-        if step is None:
+        checked = self._checked_record(name, step, "plot")
+        if checked is None:
             return
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", bbox_inches="tight")
-        self._fanout.send(Plot(name=name, step=step, png=buffer.getvalue()))
+        self._fanout.send(Plot(name=name, step=checked, png=buffer.getvalue()))
 
     def log_table(
         self,

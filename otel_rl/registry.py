@@ -47,7 +47,7 @@ def available_exporters() -> dict[str, str]:
     return found
 
 
-def exporter_class(name: str) -> type:
+def exporter_class(name: str) -> type[Any]:
     """Import and return the exporter class registered as ``name``."""
     target = available_exporters().get(name)
     if target is None:
@@ -63,7 +63,7 @@ def exporter_class(name: str) -> type:
             f"the '{name}' backend needs an optional dependency: {exc}. "
             f"Install it with: pip install 'otel-rl[{name}]'"
         ) from exc
-    cls = getattr(module, attr)
+    cls: type[Any] = getattr(module, attr)
     for requirement in getattr(cls, "requires", ()):
         if importlib.util.find_spec(requirement) is None:
             raise ConfigError(

@@ -63,15 +63,14 @@ class StepAssembler:
         """The highest step sealed so far."""
         return self._last
 
-    def resolve(self, step: Any, strict: bool) -> int:
+    def resolve(self, step: object, strict: bool) -> int:
         """The step a call logs at (``None``: the current one, else the one after the last);
         raises :class:`MetricError` for a step no tracker could store. Caller holds the lock."""
         if step is None:
             if self._step is not None:
                 return self._step
             return 0 if self._last is None else self._last + 1
-        if type(step) is not int:
-            step = integral_step(step)
+        step = step if type(step) is int else integral_step(step)
         if not INT64_MIN <= step <= INT64_MAX:
             # Every tracker stores steps as int64: such a step could never be written.
             raise MetricError(
