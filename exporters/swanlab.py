@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -99,6 +99,18 @@ class SwanLabExporter(TrackerExporter):
 
     def write_plot(self, name: str, step: int, png: bytes) -> None:
         self._log({name: self._swanlab.Image(png_to_image(png))}, step)
+
+    def write_table(
+        self,
+        name: str,
+        step: int,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+    ) -> None:
+        # SwanLab has no table type that its charts show: the table is logged as Markdown text.
+        from otel_rl.exporters.tensorboard_summaries import markdown_table
+
+        self._log({name: self._swanlab.Text(markdown_table(columns, rows))}, step)
 
     def close(self, exit_code: int) -> None:
         if self.run is None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from otel_rl.fanout import Fanout
 from otel_rl.records import StepBatch
 
 _log = logging.getLogger("otel_rl")
@@ -27,16 +28,16 @@ class PendingStepCheckpointer:
         self,
         interval: float,
         snapshot: Callable[[], StepBatch | None],
-        exporters: Sequence[Any],
+        fanout: Fanout,
     ) -> None:
         self._interval = max(0.01, interval)
         self._snapshot = snapshot
-        self._exporters = [e for e in exporters if getattr(e, "spool_dir", None) is not None]
+        self._fanout = fanout
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if not self._exporters or self._thread is not None:
+        if not self._fanout.select(_spooled) or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="otel-rl-checkpoint", daemon=True)
         self._thread.start()
@@ -54,9 +55,13 @@ class PendingStepCheckpointer:
                 batch = self._snapshot()
                 if batch is None:
                     continue
-                for exporter in self._exporters:
-                    exporter.submit(batch)
+                self._fanout.send(batch, to=_spooled)
             except Exception as exc:  # never end the thread: the next snapshot may work
                 if not warned:
                     warned = True
                     _log.warning("otel-rl: cannot checkpoint the pending step: %s", exc)
+
+
+def _spooled(exporter: Any) -> bool:
+    """A checkpoint is for the spools only: exporters without one never see it."""
+    return getattr(exporter, "spool_dir", None) is not None

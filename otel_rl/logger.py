@@ -136,7 +136,7 @@ class Logger:
         # Copies the step still being logged to the spools, so that a crash during a long
         # step loses at most export.fsync_interval of it (docs/reliability.md).
         self._checkpointer = PendingStepCheckpointer(
-            float(export["fsync_interval"]) / 2, self._steps.snapshot, self.exporters
+            float(export["fsync_interval"]) / 2, self._steps.snapshot, self._fanout
         )
         self._checkpointer.start()
         if self._pipeline.has_side_readers:
@@ -150,7 +150,7 @@ class Logger:
             from otel_rl.ray.bridge import GpuMonitor
 
             self.gpu_monitor = GpuMonitor.from_config(
-                cfg, meter_provider=self._pipeline.side_provider, exporters=self.exporters
+                cfg, meter_provider=self._pipeline.side_provider, exporters=self._fanout
             )
             self.gpu_monitor.start()
         #: The inference-engine monitor (``rollout_monitoring``), else ``None``; see
@@ -163,6 +163,12 @@ class Logger:
         # Signals raise only at safe points, sys.exit codes reach atexit, fork children disable
         # this Logger (otel_rl/lifecycle.py).
         lifecycle.register(self, handle_signals=bool(export["handle_signals"]))
+
+    @property
+    def fanout(self) -> Fanout:
+        """The run's trackers as one :class:`~otel_rl.fanout.Fanout`: ``send(record, to=...)``
+        queues a record (``otel_rl.records``) for all of them or the ones named."""
+        return self._fanout
 
     @property
     def prometheus_url(self) -> str | None:

@@ -306,7 +306,7 @@ class Logger:
         returns the trackers reached (see :mod:`otel_rl.compat.tracker_tables`)."""
         from otel_rl.compat.tracker_tables import submit_table
 
-        return submit_table(self.core.exporters, name, step, SAMPLE_COLUMNS, rows)
+        return submit_table(self.core.fanout, name, step, SAMPLE_COLUMNS, rows)
 
     def log_validation_samples(
         self,

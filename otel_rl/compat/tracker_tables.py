@@ -2,37 +2,19 @@
 
 Trackers with a table type get a :class:`~otel_rl.records.Table` through their ``write_table``:
 W&B (``wandb.Table``), Trackio (``trackio.Table``), MLflow (a JSON artifact
-``tables/<name>/step_<N>.json``), TensorBoard (a Markdown table in the TEXT tab). SwanLab has no
-table type in otel-rl's exporter, so it gets the same Markdown table as ``swanlab.Text``. Trackers
-that show neither (console, JSONL) are skipped rather than warned about: the samples are printed
-on the console already.
+``tables/<name>/step_<N>.json``), TensorBoard (a Markdown table in the TEXT tab), SwanLab (the same
+Markdown table as ``swanlab.Text``: its charts show no table type). Trackers that show neither
+(console, JSONL) are skipped rather than warned about: the samples are printed on the console
+already.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from otel_rl.fanout import Fanout
 from otel_rl.records import Table
-
-#: Trackers that get the table as Markdown text instead.
-TEXT_TRACKERS = frozenset({"swanlab"})
-
-
-@dataclass(frozen=True)
-class TextRecord:
-    """Markdown text at a step for a tracker without tables (delivered on its worker thread)."""
-
-    name: str
-    step: int
-    text: str
-
-    def deliver_to(self, exporter: Any) -> None:
-        if exporter.name == "swanlab":
-            import swanlab
-
-            exporter.run.log({self.name: swanlab.Text(self.text)}, step=self.step)
 
 
 def takes_tables(exporter: Any) -> bool:
@@ -44,7 +26,7 @@ def takes_tables(exporter: Any) -> bool:
 
 
 def submit_table(
-    exporters: Iterable[Any],
+    fanout: Fanout,
     name: str,
     step: int,
     columns: Sequence[str],
@@ -53,28 +35,20 @@ def submit_table(
     only: Collection[str] | None = None,
     per_tracker: Mapping[str, tuple[Sequence[str], Sequence[Sequence[Any]]]] | None = None,
 ) -> list[str]:
-    """Queue the table for every exporter (or those named in ``only``); returns their names.
+    """Queue the table for every exporter that stores tables (or those named in ``only``);
+    returns their names. SwanLab shows it as Markdown text, TensorBoard in its text plugin.
 
     ``per_tracker`` replaces ``(columns, rows)`` for the trackers it names (W&B's wide layout in
     the verl surface). Only queue hand-offs happen here.
     """
-    from otel_rl.exporters.tensorboard_summaries import markdown_table
-
     reached = []
-    for exporter in exporters:
-        tracker = getattr(exporter, "name", "")
-        if only is not None and tracker not in only:
+    for exporter in fanout.select(only):
+        if not takes_tables(exporter):
             continue
+        tracker = exporter.name
         cols, body = (per_tracker or {}).get(tracker, (columns, rows))
-        if tracker in TEXT_TRACKERS:
-            exporter.submit(TextRecord(name, int(step), markdown_table(cols, body)))
-        elif takes_tables(exporter):
-            exporter.submit(
-                Table(name, int(step), tuple(map(str, cols)), tuple(tuple(r) for r in body))
-            )
-        else:
-            continue
-        reached.append(tracker)
+        table = Table(name, int(step), tuple(map(str, cols)), tuple(tuple(r) for r in body))
+        reached.extend(fanout.send(table, to=(tracker,)))
     return reached
 
 

@@ -97,8 +97,9 @@ class Tracking:
             self.core.log_hyperparams(params)
         VERL_TRACKINGS.add(self)
 
-    def log(self, data: Mapping[str, Any], step: int, backend: str | Iterable[str] | None = None
-            ) -> None:
+    def log(
+        self, data: Mapping[str, Any], step: int, backend: str | Iterable[str] | None = None
+    ) -> None:
         """Log ``data`` at ``step`` to every backend, or only to those named in ``backend``.
 
         Each call is one row, sent at once (as verl writes each call): two calls with the same
@@ -161,10 +162,7 @@ class Tracking:
 
         values: dict[str, Any] = {}
         flatten_into(values, data, "", report)
-        batch = StepBatch(step=int(step), values=values)
-        for exporter in self.core.exporters:
-            if exporter.name in targets:
-                exporter.submit(batch)
+        self.core.fanout.send(StepBatch(step=int(step), values=values), to=targets)
 
 
 @dataclasses.dataclass
@@ -198,8 +196,9 @@ class ValidationGenerationsLogger:
         self._own: dict[str, Any] = {}
         self._warned: set[str] = set()
 
-    def log(self, loggers: str | Iterable[str], samples: Sequence[Sequence[Any]], step: int
-            ) -> None:
+    def log(
+        self, loggers: str | Iterable[str], samples: Sequence[Sequence[Any]], step: int
+    ) -> None:
         from otel_rl.compat.tracker_tables import cell, submit_table
 
         names = set(backend_names(loggers))
@@ -211,7 +210,7 @@ class ValidationGenerationsLogger:
         names &= set(tracking.backends)
         per_tracker = {"wandb": self._wide_table(rows, int(step))} if "wandb" in names else {}
         submit_table(
-            tracking.core.exporters,
+            tracking.core.fanout,
             GENERATIONS_KEY,
             int(step),
             GENERATIONS_COLUMNS,
@@ -229,9 +228,7 @@ class ValidationGenerationsLogger:
     def log_generations_to_mlflow(self, samples: Sequence[Sequence[Any]], step: int) -> None:
         self.log(["mlflow"], samples, step)
 
-    def log_generations_to_tensorboard(
-        self, samples: Sequence[Sequence[Any]], step: int
-    ) -> None:
+    def log_generations_to_tensorboard(self, samples: Sequence[Sequence[Any]], step: int) -> None:
         self.log(["tensorboard"], samples, step)
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -263,7 +260,7 @@ class ValidationGenerationsLogger:
         for name in sorted(names):
             if name in OWN_TRACKER_BACKENDS:
                 core = self._own.get(name) or self._own_tracker(name)
-                submit_table(core.exporters, GENERATIONS_KEY, step, GENERATIONS_COLUMNS, rows)
+                submit_table(core.fanout, GENERATIONS_KEY, step, GENERATIONS_COLUMNS, rows)
             elif name == "wandb":
                 self._to_process_wandb_run(rows, step)
             elif name == "swanlab":

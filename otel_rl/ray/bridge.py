@@ -20,6 +20,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from otel_rl.fanout import Fanout
 from otel_rl.ray.gpu_metrics import tracker_rows
 from otel_rl.ray.scraper import Collection, RayNodeScraper
 from otel_rl.records import StepBatch
@@ -36,7 +37,8 @@ class GpuMonitor:
     """Runs a :class:`RayNodeScraper` for a run and feeds its data to the pipeline.
 
     ``meter_provider`` gets the ``ray.node.*`` gauges and ``otel_rl.scrape.*`` metrics (pass the
-    Logger's side provider: read by Prometheus/OTLP only). ``exporters`` get the tracker rows.
+    Logger's side provider: read by Prometheus/OTLP only). ``exporters`` (a
+    :class:`~otel_rl.fanout.Fanout`, or exporters to make one of) get the tracker rows.
     """
 
     def __init__(
@@ -44,11 +46,11 @@ class GpuMonitor:
         scraper: RayNodeScraper,
         *,
         meter_provider: Any = None,
-        exporters: Sequence[Any] = (),
+        exporters: Fanout | Sequence[Any] = (),
         flush_interval: float = 10.0,
     ) -> None:
         self.scraper = scraper
-        self.exporters = exporters
+        self.fanout = exporters if isinstance(exporters, Fanout) else Fanout(exporters)
         self.flush_interval = float(flush_interval)
         self._buffer: list[StepBatch] = []
         self._lock = threading.Lock()
@@ -62,7 +64,7 @@ class GpuMonitor:
             meter = meter_provider.get_meter(SCOPE)
             install_gpu_gauges(meter, scraper)
             install_scrape_telemetry(meter, scraper)
-        if exporters:
+        if len(self.fanout):
             scraper.add_listener(self._on_collection)
 
     @classmethod
@@ -71,7 +73,7 @@ class GpuMonitor:
         cfg: Mapping[str, Any],
         *,
         meter_provider: Any = None,
-        exporters: Sequence[Any] = (),
+        exporters: Fanout | Sequence[Any] = (),
     ) -> GpuMonitor:
         """Build from a resolved logger config (its ``gpu_monitoring`` section)."""
         gpu = cfg["gpu_monitoring"]
@@ -104,8 +106,7 @@ class GpuMonitor:
             return
         self.stats["flushes"] += 1
         for batch in batches:
-            for exporter in self.exporters:
-                exporter.submit(batch)
+            self.fanout.send(batch)
 
     # ---- scraper thread -------------------------------------------------------------------------
 
