@@ -10,13 +10,14 @@ other trackers never wait for it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,13 +32,13 @@ from otel_rl.exporters.step_order import StepOrder
 from otel_rl.delivery import Delivery, ExportOptions
 from otel_rl.failures import Failure, RowRejected, classify
 from otel_rl.records import Record, RowValue, StepBatch
+from otel_rl.redaction import redact_init_kwargs
 from otel_rl.step_reader import STEP_TEMPORALITY
 from otel_rl.tracker_writer import PartialWrite, TrackerHooks, TrackerWriter
 
 _log = logging.getLogger("otel_rl")
 
 __all__ = ["RowRejected", "TrackerExporter"]
-
 
 
 class TrackerExporter(MetricExporter):
@@ -274,18 +275,24 @@ class TrackerExporter(MetricExporter):
         failure = self._delivery.failure
         error = failure or self._delivery.last_error
         if failure is not None:
-            text = f"{self.name}: {left} record(s) not delivered: the tracker stopped on " \
+            text = (
+                f"{self.name}: {left} record(s) not delivered: the tracker stopped on "
                 f"{failure.describe()}."
+            )
         else:
-            text = f"{self.name}: {left} record(s) not delivered before the shutdown timeout " \
+            text = (
+                f"{self.name}: {left} record(s) not delivered before the shutdown timeout "
                 f"(export.shutdown_timeout: {timeout:g} s"
+            )
             if error is not None:
                 text += f"; last error: {error.describe()}"
             text += "; lower export.shutdown_timeout to wait less at exit)."
         if self.spool_dir is not None:
             log_dir = self._spool_meta.get("log_dir", "<log_dir>")
-            text += f" They are in the spool ({self.spool_dir}); deliver them with: " \
+            text += (
+                f" They are in the spool ({self.spool_dir}); deliver them with: "
                 f"otel-rl replay {log_dir}"
+            )
         else:
             text += " There is no spool (export.spool: false): they are lost."
         return text
@@ -405,3 +412,27 @@ class TrackerExporter(MetricExporter):
                     todo.extend((value, depth + 1) for value in vars(obj).values())
         finally:
             os.close(null)
+
+
+class SdkRunExporter(TrackerExporter):
+    """A tracker whose SDK starts a run with ``init(**init_kwargs)``: W&B, SwanLab, Trackio.
+
+    ``init_kwargs`` are the tracker's config section; its ``config`` and free-text fields reach
+    the tracker's files as they are, so they go through the same redaction as
+    ``log_hyperparams`` (docs/security.md). ``run`` is the SDK's own run object once the tracker
+    is open, for power users.
+    """
+
+    def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self.init_kwargs = redact_init_kwargs(dict(init_kwargs or {}))
+        self.run: Any = None
+        super().__init__(**kwargs)
+
+    @contextlib.contextmanager
+    def refused_content(self) -> Iterator[None]:
+        """The SDK's ``TypeError``/``ValueError`` on a row is its verdict on the content: the row
+        is set aside (:class:`RowRejected`), never retried."""
+        try:
+            yield
+        except (TypeError, ValueError) as exc:
+            raise RowRejected(f"{self.name} refused the row: {exc}") from exc

@@ -23,14 +23,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.exporters.base import SdkRunExporter
 from otel_rl.exporters.conversions import png_to_image
 
 from otel_rl.records import HistogramValue, RowValue, StepBatch
-from otel_rl.redaction import redact_init_kwargs
 
 
-class SwanLabExporter(TrackerExporter):
+class SwanLabExporter(SdkRunExporter):
     name: ClassVar[str] = "swanlab"
     backwards_policy: ClassVar[str] = (
         "SwanLab keeps only the first value of a key at a step, so values of keys already "
@@ -40,13 +39,8 @@ class SwanLabExporter(TrackerExporter):
     requires: ClassVar[tuple[str, ...]] = ("swanlab",)
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        self.init_kwargs = dict(init_kwargs or {})
-        # The section's own ``config`` (and free-text fields) reach the tracker's files as they
-        # are: they go through the same redaction as log_hyperparams.
-        self.init_kwargs = redact_init_kwargs(self.init_kwargs)
-        self.run: Any = None
         self._swanlab: Any = None
-        super().__init__(**kwargs)
+        super().__init__(init_kwargs, **kwargs)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> SwanLabExporter:
@@ -124,10 +118,8 @@ class SwanLabExporter(TrackerExporter):
     # ---- helpers -----------------------------------------------------------------------------
 
     def _log(self, data: dict[str, Any], step: int) -> None:
-        try:
+        with self.refused_content():
             self.run.log(data, step=step)
-        except (TypeError, ValueError) as exc:  # the SDK's verdict on the content: never retry
-            raise RowRejected(f"swanlab refused the row: {exc}") from exc
 
 
 def _summary(value: HistogramValue) -> dict[str, float]:

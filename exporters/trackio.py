@@ -16,29 +16,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.exporters.base import SdkRunExporter
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 
 from otel_rl.records import HistogramValue, RowValue, StepBatch
-from otel_rl.redaction import redact_init_kwargs
 
 
-class TrackioExporter(TrackerExporter):
+class TrackioExporter(SdkRunExporter):
     name: ClassVar[str] = "trackio"
     backwards_policy: ClassVar[str] = "Trackio keeps both rows at that step"
     requires: ClassVar[tuple[str, ...]] = ("trackio",)
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        self.init_kwargs = dict(init_kwargs or {})
-        # The section's own ``config`` (and free-text fields) reach the tracker's files as they
-        # are: they go through the same redaction as log_hyperparams.
-        self.init_kwargs = redact_init_kwargs(self.init_kwargs)
-        self.init_kwargs.setdefault("project", "otel-rl")
-        self.init_kwargs.setdefault("embed", False)
-        self.run: Any = None
         self._trackio: Any = None
         self._config_pending = False
-        super().__init__(**kwargs)
+        super().__init__({"project": "otel-rl", "embed": False, **(init_kwargs or {})}, **kwargs)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> TrackioExporter:
@@ -138,8 +130,6 @@ class TrackioExporter(TrackerExporter):
         return self.run
 
     def _log(self, run: Any, data: dict[str, Any], step: int) -> None:
-        try:
+        with self.refused_content():
             run.log(data, step=step)
-            self._config_pending = False
-        except (TypeError, ValueError) as exc:  # the SDK's verdict on the content: never retry
-            raise RowRejected(f"trackio refused the row: {exc}") from exc
+        self._config_pending = False

@@ -21,11 +21,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.exporters.base import SdkRunExporter
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 
 from otel_rl.records import HistogramValue, RowValue, StepBatch
-from otel_rl.redaction import redact_init_kwargs
 
 #: The row key that carries the training step (the x-axis of every training metric).
 STEP_KEY = "global_step"
@@ -33,7 +32,7 @@ STEP_KEY = "global_step"
 _MAX_BINS = 512
 
 
-class WandbExporter(TrackerExporter):
+class WandbExporter(SdkRunExporter):
     name: ClassVar[str] = "wandb"
     backwards_policy: ClassVar[str] = (
         f"the row is kept at {STEP_KEY}=<step> (W&B never sees a backwards step= from otel-rl)"
@@ -41,14 +40,9 @@ class WandbExporter(TrackerExporter):
     requires: ClassVar[tuple[str, ...]] = ("wandb",)
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        self.init_kwargs = dict(init_kwargs or {})
-        # The section's own ``config`` (and free-text fields) reach the tracker's files as they
-        # are: they go through the same redaction as log_hyperparams.
-        self.init_kwargs = redact_init_kwargs(self.init_kwargs)
-        self.run: Any = None
         self._wandb: Any = None
         self._axis_of: dict[str, str | None] = {}
-        super().__init__(**kwargs)
+        super().__init__(init_kwargs, **kwargs)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> WandbExporter:
@@ -128,10 +122,8 @@ class WandbExporter(TrackerExporter):
         self._log({name: media, STEP_KEY: step})
 
     def _log(self, data: dict[str, Any]) -> None:
-        try:
+        with self.refused_content():
             self.run.log(data)
-        except (TypeError, ValueError) as exc:  # the SDK's verdict on the content: never retry
-            raise RowRejected(f"wandb refused the row: {exc}") from exc
 
     def _define(self, key: str, step_metric: str | None) -> None:
         if key in self._axis_of:
