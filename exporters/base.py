@@ -31,7 +31,7 @@ from otel_rl.exporters.step_order import StepOrder
 
 from otel_rl.delivery import Delivery, ExportOptions
 from otel_rl.failures import Failure, RowRejected, classify
-from otel_rl.records import Record, RowValue, StepBatch
+from otel_rl.records import Record, RowValue, StepBatch, scoped_metrics
 from otel_rl.redaction import redact_init_kwargs
 from otel_rl.step_reader import STEP_TEMPORALITY
 from otel_rl.tracker_writer import PartialWrite, TrackerHooks, TrackerWriter
@@ -362,13 +362,11 @@ class TrackerExporter(MetricExporter):
 
     def _axis_point(self, metrics_data: MetricsData) -> tuple[int, str | None]:
         if self._step_gauge:
-            for rm in metrics_data.resource_metrics:
-                for sm in rm.scope_metrics:
-                    for metric in sm.metrics:
-                        if metric.name == self._step_gauge and isinstance(metric.data, Gauge):
-                            points = metric.data.data_points
-                            if points:
-                                return int(points[-1].value), None
+            for _, metric in scoped_metrics((metrics_data,)):
+                if metric.name == self._step_gauge and isinstance(metric.data, Gauge):
+                    points = metric.data.data_points
+                    if points:
+                        return int(points[-1].value), None
         return int(time.monotonic() - self._started_at), self._time_axis
 
     def _warn_once(self, kind: str, message: str, *args: Any) -> None:

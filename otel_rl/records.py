@@ -15,7 +15,7 @@ import base64
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
@@ -23,6 +23,7 @@ from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
     Histogram,
+    Metric,
     MetricsData,
     Sum,
 )
@@ -251,7 +252,12 @@ def _encode_value(value: RowValue) -> Any:
     if isinstance(value, HistogramValue):
         return {
             "__histogram__": [
-                list(value.bounds), list(value.counts), value.count, value.sum, value.min, value.max
+                list(value.bounds),
+                list(value.counts),
+                value.count,
+                value.sum,
+                value.min,
+                value.max,
             ]
         }
     return value  # float (NaN/inf as JSON's NaN/Infinity tokens, which json reads back) or str
@@ -266,6 +272,15 @@ def _decode_value(value: Any) -> RowValue:
     if isinstance(value, str):
         return value
     raise TypeError(f"row value of type {type(value).__name__}")
+
+
+def scoped_metrics(datas: Iterable[MetricsData]) -> Iterator[tuple[str, Metric]]:
+    """``(scope name, metric)`` of every metric in OTel collections, in collection order."""
+    for data in datas:
+        for resource_metrics in data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    yield scope_metrics.scope.name, metric
 
 
 def rows_from_metrics(
@@ -284,14 +299,10 @@ def rows_from_metrics(
     numbers: dict[str, float] = {}
     histograms: dict[str, HistogramValue] = {}
     timers: set[str] = set()
-    for data in datas:
-        for resource_metrics in data.resource_metrics:
-            for scope_metrics in resource_metrics.scope_metrics:
-                scope = scope_metrics.scope.name
-                for metric in scope_metrics.metrics:
-                    mapped = key_of(scope, metric.name) if key_of else None
-                    base, kind = mapped if mapped else (metric.name, "")
-                    _merge_points(metric.data, base, kind, numbers, histograms, timers)
+    for scope, metric in scoped_metrics(datas):
+        mapped = key_of(scope, metric.name) if key_of else None
+        base, kind = mapped if mapped else (metric.name, "")
+        _merge_points(metric.data, base, kind, numbers, histograms, timers)
     rows: dict[str, RowValue] = dict(numbers)
     for key, hist in histograms.items():
         if key in timers:
@@ -365,6 +376,4 @@ def histogram_of(numbers: Sequence[float], bins: int = 30) -> HistogramValue:
     counts = [0] * bins
     for x in finite:
         counts[min(int((x - lo) / width), bins - 1)] += 1
-    return HistogramValue(
-        bounds, tuple(counts), len(finite), math.fsum(finite), lo, hi
-    )
+    return HistogramValue(bounds, tuple(counts), len(finite), math.fsum(finite), lo, hi)

@@ -12,6 +12,8 @@ from opentelemetry.sdk.metrics import (
 )
 from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReader, MetricsData
 
+from otel_rl.records import scoped_metrics
+
 _DELTA = AggregationTemporality.DELTA
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 
@@ -44,11 +46,8 @@ class StepReader(MetricReader):
     ) -> None:
         if metrics_data is None:
             return
-        for resource_metrics in metrics_data.resource_metrics:
-            for scope_metrics in resource_metrics.scope_metrics:
-                if scope_metrics.metrics:
-                    self._collected.append(metrics_data)
-                    return
+        if any(True for _ in scoped_metrics((metrics_data,))):
+            self._collected.append(metrics_data)
 
     def take(self) -> list[MetricsData]:
         """Collect now and return everything collected since the last ``take``."""

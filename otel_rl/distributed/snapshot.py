@@ -22,7 +22,7 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, MetricsData, Sum
 
-from otel_rl.records import _with_attributes
+from otel_rl.records import _with_attributes, scoped_metrics
 
 FORMAT = 1
 
@@ -56,34 +56,30 @@ def add_otel_data(
     become scalars whose reduction the driver's rules decide.
     """
     scalars, timings, histograms = snapshot["scalars"], snapshot["timings"], snapshot["histograms"]
-    for data in datas:
-        for resource_metrics in data.resource_metrics:
-            for scope_metrics in resource_metrics.scope_metrics:
-                scope = scope_metrics.scope.name
-                for metric in scope_metrics.metrics:
-                    timer = timer_key(scope, metric.name)
-                    points = metric.data.data_points
-                    if timer is not None:
-                        total, count = timings.get(timer, (0.0, 0))
-                        for p in points:
-                            total, count = total + p.sum, count + p.count
-                        timings[timer] = (total, count)
-                        continue
-                    for p in points:
-                        key = _with_attributes(metric.name, p.attributes)
-                        if isinstance(metric.data, Histogram):
-                            entry = (
-                                tuple(p.explicit_bounds), tuple(p.bucket_counts),
-                                p.count, p.sum, p.min, p.max,
-                            )  # fmt: skip
-                            old = histograms.get(key)
-                            histograms[key] = entry if old is None else merge_histogram(old, entry)
-                        elif isinstance(metric.data, Sum):
-                            v = float(p.value)
-                            scalars[key] = ("sum", 1, v, v, 1.0, v, v, v, now)
-                        elif isinstance(metric.data, Gauge):
-                            v = float(p.value)
-                            scalars[key] = (None, 1, v, v, 1.0, v, v, v, now)
+    for scope, metric in scoped_metrics(datas):
+        timer = timer_key(scope, metric.name)
+        points = metric.data.data_points
+        if timer is not None:
+            total, count = timings.get(timer, (0.0, 0))
+            for p in points:
+                total, count = total + p.sum, count + p.count
+            timings[timer] = (total, count)
+            continue
+        for p in points:
+            key = _with_attributes(metric.name, p.attributes)
+            if isinstance(metric.data, Histogram):
+                entry = (
+                    tuple(p.explicit_bounds), tuple(p.bucket_counts),
+                    p.count, p.sum, p.min, p.max,
+                )  # fmt: skip
+                old = histograms.get(key)
+                histograms[key] = entry if old is None else merge_histogram(old, entry)
+            elif isinstance(metric.data, Sum):
+                v = float(p.value)
+                scalars[key] = ("sum", 1, v, v, 1.0, v, v, v, now)
+            elif isinstance(metric.data, Gauge):
+                v = float(p.value)
+                scalars[key] = (None, 1, v, v, 1.0, v, v, v, now)
 
 
 def merge_histogram(a: tuple, b: tuple) -> tuple:
