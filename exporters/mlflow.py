@@ -56,7 +56,6 @@ _KILLED_CODES = frozenset({130, 137, 143, -2, -9, -15})
 #: that is down or busy).
 _PERMANENT_ERRORS = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"})
 
-_HISTOGRAM_STATS = ("count", "sum", "mean", "min", "max")
 
 _Hook = TypeVar("_Hook", bound=Callable[..., Any])
 
@@ -329,10 +328,8 @@ class MlflowExporter(TrackerExporter):
             if type(value) is float:
                 metrics.append(Metric(self.metric_names(key), value, timestamp, step))
             elif isinstance(value, HistogramValue):
-                for stat in _HISTOGRAM_STATS:
-                    sub = f"{key}/{stat}"
+                for sub, number in value.stats(key).items():
                     if sub not in rows:
-                        number = float(getattr(value, stat))
                         metrics.append(Metric(self.metric_names(sub), number, timestamp, step))
         return metrics
 
@@ -424,9 +421,7 @@ def _scrub_exception(exc: BaseException, secrets: set[str], depth: int = 0) -> N
     if depth > 5:
         return
     try:
-        exc.args = tuple(
-            redact_text(a, secrets) if isinstance(a, str) else a for a in exc.args
-        )
+        exc.args = tuple(redact_text(a, secrets) if isinstance(a, str) else a for a in exc.args)
         message = getattr(exc, "message", None)
         if isinstance(message, str):
             exc.message = redact_text(message, secrets)  # type: ignore[attr-defined]

@@ -43,9 +43,16 @@ class HistogramValue:
     min: float
     max: float
 
+    #: The scalars every histogram also gets in rows, as ``<key>/<stat>``.
+    STATS: ClassVar[tuple[str, ...]] = ("count", "sum", "mean", "min", "max")
+
     @property
     def mean(self) -> float:
         return self.sum / self.count if self.count else math.nan
+
+    def stats(self, key: str) -> dict[str, float]:
+        """``{"<key>/count": …, "<key>/sum": …, …}``: the summary scalars of :data:`STATS`."""
+        return {f"{key}/{stat}": float(getattr(self, stat)) for stat in self.STATS}
 
     def merge(self, other: HistogramValue) -> HistogramValue:
         if other.bounds != self.bounds:
@@ -309,11 +316,7 @@ def rows_from_metrics(
             rows[key] = hist.sum
             continue
         rows[key] = hist
-        rows[f"{key}/count"] = float(hist.count)
-        rows[f"{key}/sum"] = hist.sum
-        rows[f"{key}/mean"] = hist.mean
-        rows[f"{key}/min"] = hist.min
-        rows[f"{key}/max"] = hist.max
+        rows.update(hist.stats(key))
     return rows
 
 

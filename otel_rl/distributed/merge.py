@@ -128,11 +128,7 @@ def merge_snapshots(
         full = f"{prefix}/{key}" if prefix else key
         hist = HistogramValue(tuple(bounds), tuple(counts), count, total, lo, hi)
         out[full] = hist
-        out[f"{full}/count"] = float(count)
-        out[f"{full}/sum"] = float(total)
-        out[f"{full}/mean"] = hist.mean
-        out[f"{full}/min"] = float(lo)
-        out[f"{full}/max"] = float(hi)
+        out.update(hist.stats(full))
 
     # Every conflicting key was left out above; now say why.
     for key, reason in conflicts.items():
@@ -197,8 +193,7 @@ def _scalar_spec(
         return (explicit,) if explicit else DEFAULT_SCALAR
     if explicit is not None and explicit != declared[0]:
         conflicts[key] = (
-            f"a worker declared reduce={explicit!r} but the reductions config says "
-            f"{declared[0]!r}"
+            f"a worker declared reduce={explicit!r} but the reductions config says {declared[0]!r}"
         )
         return None
     return declared
