@@ -22,11 +22,12 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from otel_rl.lifecycle import weak_atexit
 
 _log = logging.getLogger("otel_rl")
 
@@ -60,8 +61,7 @@ class ArtifactWriter:
         self._thread: threading.Thread | None = None
         self._warned_full = False
         self.stats = {"written": 0, "failed": 0, "bytes": 0, "waits": 0}
-        self._atexit = _weak_flush(self)
-        atexit.register(self._atexit)
+        self._atexit = weak_atexit(self, _flush_at_exit)
 
     def submit(self, description: str, job: Callable[[], int]) -> None:
         """Queue ``job`` (returns the bytes it wrote); ``description`` names it in warnings."""
@@ -75,7 +75,8 @@ class ArtifactWriter:
                     _log.warning(
                         "otel-rl: %d artifact dumps are waiting to be written; %s waits for the "
                         "oldest (artifacts are produced faster than the disk takes them)",
-                        len(self._jobs), description,
+                        len(self._jobs),
+                        description,
                     )
                 while len(self._jobs) >= self.max_pending:
                     self._cond.wait()
@@ -129,23 +130,18 @@ class ArtifactWriter:
                 self.stats["bytes"] += int(written or 0)
             except Exception as exc:  # a failed dump must not stop the next ones
                 self.stats["failed"] += 1
-                _log.warning("otel-rl: artifact %s failed: %s: %s", description,
-                             type(exc).__name__, exc)
+                _log.warning(
+                    "otel-rl: artifact %s failed: %s: %s", description, type(exc).__name__, exc
+                )
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
 
 
-def _weak_flush(writer: ArtifactWriter) -> Callable[[], None]:
-    ref = weakref.ref(writer)
-
-    def at_exit() -> None:
-        target = ref()
-        if target is not None and not target.flush(timeout=300):
-            _log.warning("otel-rl: %d artifact dump(s) not written before exit", target.pending)
-
-    return at_exit
+def _flush_at_exit(writer: ArtifactWriter) -> None:
+    if not writer.flush(timeout=300):
+        _log.warning("otel-rl: %d artifact dump(s) not written before exit", writer.pending)
 
 
 # ---- snapshots (caller's thread) ----------------------------------------------------------------
@@ -163,10 +159,12 @@ def snapshot_batch(data: Mapping[Any, Any]) -> tuple[dict[Any, Any], int]:
         return columns, 0
     distinct = set(sizes.values())
     if None in distinct or len(distinct) != 1:
-        detail = ", ".join(f"{k!s}: {v if v is not None else 'not a batch'}" for k, v in
-                           sizes.items())
-        raise ValueError(f"every value must be a batch (tensor, array or list) of the same "
-                         f"length; got {detail}")
+        detail = ", ".join(
+            f"{k!s}: {v if v is not None else 'not a batch'}" for k, v in sizes.items()
+        )
+        raise ValueError(
+            f"every value must be a batch (tensor, array or list) of the same length; got {detail}"
+        )
     return columns, distinct.pop()
 
 
@@ -195,9 +193,7 @@ def _is_tensor(value: Any) -> bool:
 
 
 def _is_ndarray(value: Any) -> bool:
-    return type(value).__module__ == "numpy" and hasattr(value, "shape") and hasattr(
-        value, "copy"
-    )
+    return type(value).__module__ == "numpy" and hasattr(value, "shape") and hasattr(value, "copy")
 
 
 def _tensor_to_numpy(tensor: Any) -> Any:

@@ -35,6 +35,7 @@ spool and files are never written by the child. A Logger created in the child wo
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib.util
@@ -45,9 +46,12 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 __all__ = [
     "PATIENCE_S",
@@ -101,6 +105,25 @@ def exit_code_hint() -> int:
     """The exit code the process is heading for, as far as we can tell (0 if unknown)."""
     code = _exit["code"]
     return 0 if code is None else int(code)
+
+
+def weak_atexit(target: _T, call: Callable[[_T], object]) -> Callable[[], None]:
+    """Register ``call(target)`` to run at interpreter exit while ``target`` lives, and only in
+    the process that registered it: a fork child's exit must not drain or close the parent's
+    work (its threads do not exist in the child). Returns the function, for ``atexit.unregister``.
+    """
+    ref = weakref.ref(target)
+    pid = os.getpid()
+
+    def at_exit() -> None:
+        if os.getpid() != pid:
+            return
+        alive = ref()
+        if alive is not None:
+            call(alive)
+
+    atexit.register(at_exit)
+    return at_exit
 
 
 def exit_code_of(exc_type: Any, exc: Any) -> int:

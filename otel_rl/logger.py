@@ -5,11 +5,9 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.errors import MetricError, MetricReporter
 from otel_rl.fanout import Fanout
 from otel_rl.keys import KeyCollisionError, KeyRegistry
-from otel_rl.lifecycle import exit_code_hint, exit_code_of
+from otel_rl.lifecycle import exit_code_hint, exit_code_of, weak_atexit
 from otel_rl.paths import safe_relative
 from otel_rl.pipeline import Pipeline, build_resource
 from otel_rl.records import (
@@ -158,8 +156,7 @@ class Logger:
         self.rollout_monitor: Any = self._build_rollout_monitor(cfg["rollout_monitoring"])
         if self.rollout_monitor is not None:
             self._steps.on_seal.append(self.rollout_monitor.mark_step)
-        self._atexit = _weak_atexit(self)
-        atexit.register(self._atexit)
+        self._atexit = weak_atexit(self, lambda run: run.finish(exit_code=exit_code_hint()))
         # Signals raise only at safe points, sys.exit codes reach atexit, fork children disable
         # this Logger (otel_rl/lifecycle.py).
         lifecycle.register(self, handle_signals=bool(export["handle_signals"]))
@@ -499,17 +496,3 @@ def _shutdown_exporter(exporter: Any, timeout_ms: float, exit_code: int) -> None
         exporter.shutdown(timeout_millis=timeout_ms, exit_code=exit_code)
     except Exception as exc:
         _log.warning("otel-rl: %s: shutdown failed: %s", getattr(exporter, "name", exporter), exc)
-
-
-def _weak_atexit(logger: Logger) -> Callable[[], None]:
-    ref = weakref.ref(logger)
-    pid = os.getpid()
-
-    def at_exit() -> None:
-        if os.getpid() != pid:  # a fork child exiting: the run and its spool are the parent's
-            return
-        target = ref()
-        if target is not None:
-            target.finish(exit_code=exit_code_hint())
-
-    return at_exit

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -80,8 +83,11 @@ def test_non_finite_values_keep_their_json_tokens(log_dir):
 
 
 def test_the_json_fallback_writes_the_same_content(log_dir, monkeypatch):
-    batch = {"ids": torch.arange(6).reshape(3, 2), "lp": torch.tensor([[0.25], [0.5], [1.0]]),
-             "meta": [{"k": 1}, {"k": 2}, {"k": 3}]}
+    batch = {
+        "ids": torch.arange(6).reshape(3, 2),
+        "lp": torch.tensor([[0.25], [0.5], [1.0]]),
+        "meta": [{"k": 1}, {"k": 2}, {"k": 3}],
+    }
     with Logger(quiet_config(log_dir)) as logger:
         logger.log_batched_dict_as_jsonl(batch, "fast.jsonl")
         logger.flush()
@@ -89,11 +95,15 @@ def test_the_json_fallback_writes_the_same_content(log_dir, monkeypatch):
         logger.log_batched_dict_as_jsonl(batch, "slow.jsonl")
     fast = [json.loads(x) for x in (log_dir / "fast.jsonl").read_text().splitlines()]
     slow = [json.loads(x) for x in (log_dir / "slow.jsonl").read_text().splitlines()]
-    assert fast == slow == [
-        {"ids": [[0, 1]], "lp": [[0.25]], "meta": [{"k": 1}], "idx": 0},
-        {"ids": [[2, 3]], "lp": [[0.5]], "meta": [{"k": 2}], "idx": 1},
-        {"ids": [[4, 5]], "lp": [[1.0]], "meta": [{"k": 3}], "idx": 2},
-    ]
+    assert (
+        fast
+        == slow
+        == [
+            {"ids": [[0, 1]], "lp": [[0.25]], "meta": [{"k": 1}], "idx": 0},
+            {"ids": [[2, 3]], "lp": [[0.5]], "meta": [{"k": 2}], "idx": 1},
+            {"ids": [[4, 5]], "lp": [[1.0]], "meta": [{"k": 3}], "idx": 2},
+        ]
+    )
 
 
 def test_a_batch_of_mismatched_lengths_is_refused(log_dir, otel_rl_warnings):
@@ -102,8 +112,9 @@ def test_a_batch_of_mismatched_lengths_is_refused(log_dir, otel_rl_warnings):
         logger.log_batched_dict_as_jsonl(bad, "bad.jsonl")
     assert not (log_dir / "bad.jsonl").exists()
     assert "same length" in otel_rl_warnings.text
-    with Logger(quiet_config(log_dir, strict=True)) as logger, pytest.raises(
-        ValueError, match="same length"
+    with (
+        Logger(quiet_config(log_dir, strict=True)) as logger,
+        pytest.raises(ValueError, match="same length"),
     ):
         logger.log_batched_dict_as_jsonl(bad, "bad.jsonl")
 
@@ -117,6 +128,7 @@ def test_the_writer_bounds_memory_and_keeps_order(tmp_path):
             time.sleep(0.05)
             order.append(k)
             return 1
+
         return run
 
     for k in range(4):
@@ -124,3 +136,37 @@ def test_the_writer_bounds_memory_and_keeps_order(tmp_path):
     assert writer.stats["waits"] >= 1  # the queue was full: submit waited instead of growing
     assert writer.close(timeout=10)
     assert order == [0, 1, 2, 3] and writer.stats["written"] == 4
+
+
+def test_a_fork_child_exits_without_waiting_for_the_parents_dumps(tmp_path):
+    """A forked child inherits the writer's queue but not its thread: its exit must not wait
+    (300 s) for dumps only the parent can write, and the parent's dump still arrives."""
+    script = tmp_path / "fork_child.py"
+    out = tmp_path / "dump.txt"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, sys, threading
+        from otel_rl.artifacts import ArtifactWriter
+
+        gate = threading.Event()
+        writer = ArtifactWriter()
+
+        def job():
+            gate.wait()
+            with open({str(out)!r}, "w") as fh:
+                fh.write("parent")
+            return 6
+
+        writer.submit("dump", job)
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # the child's interpreter exit runs the atexit functions
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+        gate.set()
+    """)
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "child exit 0" in done.stdout
+    assert out.read_text() == "parent"  # the parent's own exit still drained its writer
