@@ -49,6 +49,12 @@ class ArtifactWriter:
     ``max_pending`` bounds the snapshots held in memory: when that many dumps wait, the next
     :meth:`submit` waits for the oldest to finish (with one warning) instead of growing memory
     without limit.
+
+    Why not ``ThreadPoolExecutor(max_workers=1)`` plus a semaphore: the executor's worker is
+    joined by ``threading``'s own exit hook, before any ``atexit`` function and without a time
+    limit, so a dump stuck on a dead filesystem would hang the process's exit for good. Here the
+    thread is a daemon and the exit drain is bounded (300 s, then a warning naming how many dumps
+    were lost), and a fork child's exit skips it (:func:`otel_rl.lifecycle.weak_atexit`).
     """
 
     def __init__(self, max_pending: int = 4, name: str = "otel-rl-artifacts") -> None:
