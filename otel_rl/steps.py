@@ -7,6 +7,7 @@ costs dict updates only: sealing builds a :class:`~otel_rl.records.StepBatch` an
 
 from __future__ import annotations
 
+import logging
 import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +16,8 @@ from typing import Any
 from otel_rl.errors import MetricError
 from otel_rl.records import Record, StepBatch
 from otel_rl.tracing import TRACE_ID_KEY
+
+_log = logging.getLogger("otel_rl")
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -57,6 +60,7 @@ class StepAssembler:
         self._step_metrics: dict[str, str] = {}
         self._last: int | None = None
         self._checkpointed: tuple[Any, ...] | None = None
+        self._trace_key_taken = False
 
     @property
     def last_step(self) -> int | None:
@@ -118,7 +122,16 @@ class StepAssembler:
         if self._spans is not None:
             trace_id = self._spans.seal(step, final)
             if trace_id is not None:  # the row names the trace of its step
-                self._values[TRACE_ID_KEY] = trace_id
+                if TRACE_ID_KEY not in self._values:
+                    self._values[TRACE_ID_KEY] = trace_id
+                elif not self._trace_key_taken:
+                    # The caller's own value wins: their data is never overwritten.
+                    self._trace_key_taken = True
+                    _log.warning(
+                        "otel-rl: the key %r is logged by the application, so rows keep that "
+                        "value and do not name their step's trace (tracing.enabled)",
+                        TRACE_ID_KEY,
+                    )
         for hook in self.on_seal:
             hook(step)
         batch = StepBatch(

@@ -230,3 +230,18 @@ def test_bad_carriers_and_a_bad_exporter_setting_are_refused_or_documented(monke
     with pytest.raises(ConfigError, match="OTEL_TRACES_EXPORTER='zipkin'"):
         setup()
     assert not tracing.hook_active()
+
+
+def test_an_application_key_named_trace_id_is_kept_and_said_once(log_dir, caplog):
+    cfg = {"log_dir": str(log_dir), "tracing": {"enabled": True}}
+    with caplog.at_level("WARNING", logger="otel_rl"), Logger(cfg) as logger:
+        for step in range(3):
+            with logger.timer("gen"):
+                pass
+            logger.log_metrics({"trace_id": f"app-{step}", "x": 1.0}, step=step)
+        logger.log_metrics({"x": 2.0}, step=3)
+    rows = jsonl_rows(log_dir / "metrics.jsonl")
+    assert [r["metrics"]["trace_id"] for r in rows[:3]] == ["app-0", "app-1", "app-2"]
+    assert len(rows[3]["metrics"]["trace_id"]) == 32  # the step's own trace id where free
+    warnings = [r.getMessage() for r in caplog.records if "'trace_id'" in r.getMessage()]
+    assert len(warnings) == 1
