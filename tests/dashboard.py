@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from tests.rollout_pages import PageServer
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "docker" / "grafana" / "dashboards" / "rl-training.json"
@@ -81,30 +81,12 @@ def selectors(expr: str) -> list[Selector]:
     return found
 
 
-class FixtureNode:
+class FixtureNode(PageServer):
     """A Ray node's metrics endpoint on 127.0.0.1 serving the 8xH100 fixture text."""
 
     def __init__(self) -> None:
-        body = H100_FIXTURE.read_bytes()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(H100_FIXTURE.read_text())
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
 
 
 def demo_run_config(
