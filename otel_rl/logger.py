@@ -104,9 +104,7 @@ class Logger:
         )
         # One ``rl.step`` span per training step, parent of the step's timers (docs/tracing.md).
         self._step_spans = (
-            StepSpans(self.tracer_provider, run_id=self.run_id)
-            if (self.tracer_provider is not None)
-            else None
+            StepSpans(self.tracer_provider, run_id=self.run_id) if self.tracer_provider else None
         )
         self._reductions = ReductionRules(cfg["reductions"])
         self._router = global_router() if cfg["capture_global_meters"] else None
