@@ -32,7 +32,7 @@ from otel_rl.exporters.step_order import StepOrder
 from otel_rl.delivery import Delivery, ExportOptions
 from otel_rl.failures import Failure, RowRejected, classify
 from otel_rl.records import Record, RowValue, StepBatch, scoped_metrics
-from otel_rl.redaction import redact_init_kwargs
+from otel_rl.redaction import Patterns, redact_init_kwargs
 from otel_rl.step_reader import STEP_TEMPORALITY
 from otel_rl.tracker_writer import PartialWrite, TrackerHooks, TrackerWriter
 
@@ -104,9 +104,11 @@ class TrackerExporter(MetricExporter):
         *,
         spool_dir: str | os.PathLike | None = None,
         spool_meta: Mapping[str, Any] | None = None,
+        redaction: Patterns | None = None,
     ) -> None:
         """Set how this exporter delivers (the run's ``export.*`` options, its spool folder and
-        the run's metadata) before :meth:`start`. A Logger attaches every exporter it is given."""
+        the run's metadata) and the run's extra redaction patterns, before :meth:`start`. A
+        Logger attaches every exporter it is given."""
         if self._delivery is not None:
             raise RuntimeError(f"{self.name}: attach() after the exporter started")
         if options is not None:
@@ -425,6 +427,20 @@ class SdkRunExporter(TrackerExporter):
         self.init_kwargs = redact_init_kwargs(dict(init_kwargs or {}))
         self.run: Any = None
         super().__init__(**kwargs)
+
+    def attach(
+        self,
+        options: ExportOptions | None = None,
+        *,
+        spool_dir: str | os.PathLike | None = None,
+        spool_meta: Mapping[str, Any] | None = None,
+        redaction: Patterns | None = None,
+    ) -> None:
+        """As :meth:`TrackerExporter.attach`; the run's ``redaction.extra_patterns`` also apply
+        to ``init_kwargs`` (read by the SDK only when the tracker opens, after this)."""
+        super().attach(options, spool_dir=spool_dir, spool_meta=spool_meta, redaction=redaction)
+        if redaction is not None:
+            self.init_kwargs = redact_init_kwargs(self.init_kwargs, extra_patterns=redaction)
 
     @contextlib.contextmanager
     def refused_content(self) -> Iterator[None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import math
 import threading
@@ -401,7 +402,10 @@ class Logger:
                 "its own export options and spool", exporter.name,
             )  # fmt: skip
             return
-        exporter.attach(options, **self._spool_options(exporter.name))
+        spool = self._spool_options(exporter.name)
+        if "redaction" in inspect.signature(exporter.attach).parameters:
+            spool["redaction"] = self._redaction
+        exporter.attach(options, **spool)
         exporter.start()
 
     def _spool_options(self, tracker: str) -> dict[str, Any]:

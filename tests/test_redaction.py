@@ -387,3 +387,35 @@ def test_spool_files_are_private_whatever_the_umask(tmp_path):
     assert any(p.name == "meta.json" for p in files) and len(files) >= 2, modes
     assert set(folders.values()) == {0o700}, folders
     assert set(files.values()) == {0o600}, files
+
+
+def test_the_configs_extra_patterns_reach_a_trackers_own_init_config(tmp_path):
+    """``wandb: {config: ...}`` goes to ``wandb.init`` as it is, so the run's extra patterns apply
+    to it as they do to hyperparameters: read back from W&B's offline files with its reader."""
+    pytest.importorskip("wandb")
+    from otel_rl import Logger
+    from otel_rl.exporters.wandb import WandbExporter
+
+    from tests.tracker_readers import read_wandb, wandb_run_dirs
+
+    log_dir = tmp_path / "logs"
+    given = WandbExporter({"mode": "offline", "dir": str(log_dir), "project": "p",
+                           "config": {"extra_given": {"auth_cookie": "PLANTED-cookie-4"}}})
+    cfg = {
+        "log_dir": str(log_dir),
+        "jsonl_enabled": False,
+        "wandb_enabled": True,
+        "redaction": {"extra_patterns": ["cookie"]},
+        "wandb": {"mode": "offline", "project": "p",
+                  "config": {"http": {"session_cookie": "PLANTED-cookie-3", "timeout": 30}}},
+    }  # fmt: skip
+    with Logger(cfg, exporters=[given]) as logger:
+        logger.log_metrics({"x": 1.0}, step=0)
+    configs = [read_wandb(run_dir).config for run_dir in wandb_run_dirs(log_dir)]
+    assert len(configs) == 2
+    built = next(c for c in configs if "http" in c)
+    assert built["http"] == {"session_cookie": REDACTED, "timeout": 30}
+    instance = next(c for c in configs if "extra_given" in c)
+    assert instance["extra_given"] == {"auth_cookie": REDACTED}
+    leaked = [p for p in log_dir.rglob("*") if p.is_file() and b"PLANTED" in p.read_bytes()]
+    assert leaked == []
