@@ -78,7 +78,7 @@ def resolve_otlp(otlp: Mapping[str, Any], environ: Mapping[str, str] | None = No
         timeout_s=_timeout(otlp.get("timeout"), env),
         interval_s=_interval(otlp.get("interval"), env),
         headers=headers,
-        insecure=_insecure(otlp.get("insecure"), env),
+        insecure=_insecure(otlp.get("insecure")),
         histogram=_histogram(otlp.get("histogram")),
     )
 
@@ -209,14 +209,12 @@ def _headers(configured: Mapping[str, Any] | None, env: Mapping[str, str]) -> di
     return merged
 
 
-def _insecure(configured: Any, env: Mapping[str, str]) -> bool | None:
-    if configured is not None:
-        if not isinstance(configured, bool):
-            raise ConfigError(f"otlp.insecure must be true, false or null, got {configured!r}")
-        return configured
-    raw = _env(env, "OTEL_EXPORTER_OTLP_METRICS_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE")
-    # None lets the gRPC exporter decide from the endpoint's scheme (http:// is insecure).
-    return None if raw is None else raw.lower() == "true"
+def _insecure(configured: Any) -> bool | None:
+    """Only what the config sets: left ``None``, the SDK's gRPC exporter reads
+    ``OTEL_EXPORTER_OTLP_[METRICS_]INSECURE`` itself, then the endpoint's scheme."""
+    if configured is not None and not isinstance(configured, bool):
+        raise ConfigError(f"otlp.insecure must be true, false or null, got {configured!r}")
+    return configured
 
 
 def _histogram(configured: Any) -> str | None:

@@ -231,8 +231,24 @@ def test_config_wins_over_env():
     assert (s.protocol, s.endpoint) == ("http/protobuf", "http://cfg:4318/v1/metrics")
     assert (s.timeout_s, s.interval_s, s.insecure) == (1.5, 30.0, False)
     grpc = resolve_otlp({}, environ=env)
-    assert (grpc.protocol, grpc.insecure) == ("grpc", True)
-    assert grpc.endpoint == "http://env:4318/v1/metrics"
+    assert grpc.protocol == "grpc" and grpc.endpoint == "http://env:4318/v1/metrics"
+    assert grpc.insecure is None  # the gRPC exporter reads OTEL_EXPORTER_OTLP_INSECURE itself
+
+
+def test_grpc_insecure_from_the_env_reaches_a_plaintext_receiver(tmp_path, clean_otel_env):
+    """``otlp.insecure`` unset: the SDK's gRPC exporter resolves OTEL_EXPORTER_OTLP_INSECURE, so
+    an endpoint without a scheme (TLS unless told otherwise) speaks plaintext to a receiver
+    without TLS."""
+    receiver = OtlpGrpcReceiver()
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    try:
+        endpoint = receiver.endpoint.removeprefix("http://")
+        logger = Logger(_config(tmp_path, {"endpoint": endpoint, "protocol": "grpc"}))
+        logger.log_metrics({"train/loss": 0.5}, step=0)
+        logger.finish()
+    finally:
+        receiver.close()
+    assert receiver.last_point("train/loss").as_double == 0.5
 
 
 def test_bad_values_are_config_errors():
