@@ -54,25 +54,28 @@ def _pages(nodes: int, big: bool, failures: bool) -> list[tuple[str, str]]:
     return pages
 
 
-def serial_nemo_style(urls: list[str]) -> tuple[float, int]:
-    """One node after another, whole page parsed (as NeMo RL's GPU monitor does)."""
+def serial_scrape(urls: list[str], sample: str) -> tuple[float, int]:
+    """One endpoint after another, whole page parsed (as NeMo RL's GPU monitor does); returns the
+    wall time and how many samples named ``sample`` were read."""
     import requests
     from prometheus_client.parser import text_string_to_metric_families
 
     started = time.perf_counter()
-    gpus = 0
+    seen = 0
     for url in urls:
         try:
             response = requests.get(url, timeout=TIMEOUT)
             if response.status_code != 200:
                 continue
             for family in text_string_to_metric_families(response.text):
-                for sample in family.samples:
-                    if sample.name == "ray_node_gpus_utilization":
-                        gpus += 1
+                seen += sum(1 for s in family.samples if s.name == sample)
         except Exception:
             continue
-    return time.perf_counter() - started, gpus
+    return time.perf_counter() - started, seen
+
+
+def serial_nemo_style(urls: list[str]) -> tuple[float, int]:
+    return serial_scrape(urls, "ray_node_gpus_utilization")
 
 
 def parallel_ours(urls: list[str]) -> tuple[float, int]:

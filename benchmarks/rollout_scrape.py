@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-TIMEOUT = 5.0
+from benchmarks.gpu_scrape import serial_scrape
+
 PAGE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "rollout"
 
 
@@ -35,23 +36,8 @@ def _serve(count: int, conn: Any) -> None:
 
 
 def serial_baseline(urls: list[str]) -> tuple[float, int]:
-    """One engine after another, whole page parsed."""
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
-    started = time.perf_counter()
-    engines = 0
-    for url in urls:
-        try:
-            response = requests.get(url, timeout=TIMEOUT)
-            if response.status_code != 200:
-                continue
-            for family in text_string_to_metric_families(response.text):
-                if family.name == "vllm:num_requests_running":
-                    engines += len(family.samples)
-        except Exception:
-            continue
-    return time.perf_counter() - started, engines
+    """One engine after another, whole page parsed; counts the engines that answered."""
+    return serial_scrape(urls, "vllm:num_requests_running")
 
 
 class Ours:

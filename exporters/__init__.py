@@ -10,8 +10,9 @@ This package is also the public API for writing a tracker of one's own::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from otel_rl.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from otel_rl.exporters.base import TrackerExporter
@@ -28,11 +29,4 @@ _PUBLIC = {
     "HistogramValue": "otel_rl.records",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'otel_rl.exporters' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _PUBLIC)

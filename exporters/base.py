@@ -31,7 +31,7 @@ from otel_rl.exporters.step_order import StepOrder
 
 from otel_rl.delivery import Delivery, ExportOptions
 from otel_rl.failures import Failure, RowRejected, classify
-from otel_rl.records import Record, RowValue, StepBatch, scoped_metrics
+from otel_rl.records import Record, RowValue, StepBatch, TableRows, scoped_metrics
 from otel_rl.redaction import Patterns, redact_init_kwargs
 from otel_rl.step_reader import STEP_TEMPORALITY
 from otel_rl.tracker_writer import PartialWrite, TrackerHooks, TrackerWriter
@@ -116,6 +116,8 @@ class TrackerExporter(MetricExporter):
         if spool_dir is not None and self._spool_dir is None:
             self._spool_dir = Path(spool_dir)
             self._spool_meta = dict(spool_meta or {})
+        if redaction is not None:
+            self.redact_own_config(redaction)
 
     def start(self) -> None:
         """Start the delivery threads (idempotent; the first :meth:`submit` starts them too)."""
@@ -132,6 +134,10 @@ class TrackerExporter(MetricExporter):
                 warn_once=self._warn_once,
             )
             self._write_spool_meta()
+
+    def redact_own_config(self, patterns: Patterns) -> None:
+        """Apply the run's extra redaction patterns to any configuration this tracker sends on
+        its own (a tracker SDK's ``init`` config); nothing by default."""
 
     def writer(self) -> TrackerWriter:
         """A writer that calls this tracker on the caller's thread (``otel-rl replay``)."""
@@ -179,13 +185,7 @@ class TrackerExporter(MetricExporter):
         """Store a rendered figure; trackers without images skip it (one warning)."""
         self._warn_once("no-plot", "%s: plots are not supported; %r skipped", self.name, name)
 
-    def write_table(
-        self,
-        name: str,
-        step: int,
-        columns: Sequence[str],
-        rows: Sequence[Sequence[Any]],
-    ) -> None:
+    def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         """Store a table; trackers without tables skip it (one warning)."""
         self._warn_once("no-table", "%s: tables are not supported; %r skipped", self.name, name)
 
@@ -428,19 +428,9 @@ class SdkRunExporter(TrackerExporter):
         self.run: Any = None
         super().__init__(**kwargs)
 
-    def attach(
-        self,
-        options: ExportOptions | None = None,
-        *,
-        spool_dir: str | os.PathLike | None = None,
-        spool_meta: Mapping[str, Any] | None = None,
-        redaction: Patterns | None = None,
-    ) -> None:
-        """As :meth:`TrackerExporter.attach`; the run's ``redaction.extra_patterns`` also apply
-        to ``init_kwargs`` (read by the SDK only when the tracker opens, after this)."""
-        super().attach(options, spool_dir=spool_dir, spool_meta=spool_meta, redaction=redaction)
-        if redaction is not None:
-            self.init_kwargs = redact_init_kwargs(self.init_kwargs, extra_patterns=redaction)
+    def redact_own_config(self, patterns: Patterns) -> None:
+        """``init_kwargs`` reach the SDK only when the tracker opens, after :meth:`attach`."""
+        self.init_kwargs = redact_init_kwargs(self.init_kwargs, extra_patterns=patterns)
 
     @contextlib.contextmanager
     def refused_content(self) -> Iterator[None]:

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from otel_rl.exporters.base import RowRejected, TrackerExporter
 
 from otel_rl.paths import path_inside
-from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
 
 # The start of a row of ours: the run id comes before the metrics, so that reading the first
 # bytes of the last line tells which run wrote it, however long the row.
@@ -139,9 +139,7 @@ class JsonlExporter(TrackerExporter):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(png)
 
-    def write_table(
-        self, name: str, step: int, columns: Sequence[str], rows: Sequence[Sequence[Any]]
-    ) -> None:
+    def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         record = {"step": step, "table": name, "columns": list(columns),
                   "rows": [[_jsonable(c) for c in row] for row in rows]}
         with self.path.with_name("tables.jsonl").open("a", encoding="utf-8") as f:

@@ -35,7 +35,7 @@ from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.mlflow_names import NameMap, sanitize
 
 from otel_rl.errors import ConfigError
-from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.redaction import collect_secrets, redact_text, secret_values
 
 #: MLflow's per-request limits (mlflow.utils.validation).
@@ -254,13 +254,7 @@ class MlflowExporter(TrackerExporter):
         self._log_file(folder, self._unused_name(folder, f"step_{step}", ".png"), png)
 
     @_scrubs_errors
-    def write_table(
-        self,
-        name: str,
-        step: int,
-        columns: Sequence[str],
-        rows: Sequence[Sequence[Any]],
-    ) -> None:
+    def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         # MLflow's own table layout (pandas' "split" orientation): read back with
         # pandas.read_json(path, orient="split") or json.load.
         data = {"columns": list(columns), "data": [[_cell(c) for c in row] for row in rows]}

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from otel_rl.exporters.base import SdkRunExporter
 from otel_rl.exporters.conversions import png_to_image
 
-from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
 
 
 class SwanLabExporter(SdkRunExporter):
@@ -94,13 +94,7 @@ class SwanLabExporter(SdkRunExporter):
     def write_plot(self, name: str, step: int, png: bytes) -> None:
         self._log({name: self._swanlab.Image(png_to_image(png))}, step)
 
-    def write_table(
-        self,
-        name: str,
-        step: int,
-        columns: Sequence[str],
-        rows: Sequence[Sequence[Any]],
-    ) -> None:
+    def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         # SwanLab has no table type that its charts show: the table is logged as Markdown text.
         from otel_rl.exporters.tensorboard_summaries import markdown_table
 

@@ -28,7 +28,7 @@ from otel_rl.exporters.tensorboard_summaries import (
     text_value,
 )
 
-from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
 
 _FILE_COUNTER = iter(range(1 << 30))
 
@@ -123,13 +123,7 @@ class TensorBoardExporter(TrackerExporter):
             raise RowRejected(f"plot {name!r} at step {step}: {exc}") from exc
         self._write_values(step, [value], time.time())
 
-    def write_table(
-        self,
-        name: str,
-        step: int,
-        columns: Sequence[str],
-        rows: Sequence[Sequence[Any]],
-    ) -> None:
+    def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         self._write_values(step, [text_value(name, markdown_table(columns, rows))], time.time())
 
     def flush_backend(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from otel_rl.exporters.base import SdkRunExporter
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 
-from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
 
 
 class TrackioExporter(SdkRunExporter):
@@ -93,13 +93,7 @@ class TrackioExporter(SdkRunExporter):
         run = self._ensure_run()
         self._log(run, {name: self._trackio.Image(png_to_image(png))}, step)
 
-    def write_table(
-        self,
-        name: str,
-        step: int,
-        columns: Sequence[str],
-        rows: Sequence[Sequence[Any]],
-    ) -> None:
+    def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         run = self._ensure_run()
         table = self._trackio.Table(columns=list(columns), data=[list(r) for r in rows])
         self._log(run, {name: table}, step)

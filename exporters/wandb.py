@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from otel_rl.exporters.base import SdkRunExporter
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 
-from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
 
 #: The row key that carries the training step (the x-axis of every training metric).
 STEP_KEY = "global_step"
@@ -99,13 +99,7 @@ class WandbExporter(SdkRunExporter):
     def write_plot(self, name: str, step: int, png: bytes) -> None:
         self._write_media(name, step, self._wandb.Image(png_to_image(png)))
 
-    def write_table(
-        self,
-        name: str,
-        step: int,
-        columns: Sequence[str],
-        rows: Sequence[Sequence[Any]],
-    ) -> None:
+    def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         table = self._wandb.Table(columns=list(columns), data=[list(r) for r in rows])
         self._write_media(name, step, table)
 

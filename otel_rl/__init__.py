@@ -5,9 +5,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from otel_rl.errors import ConfigError, MetricError, OtelRLError
+from otel_rl.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from otel_rl.distributed.worker import WorkerMetrics
@@ -27,13 +28,4 @@ __all__ = ["ConfigError", "Logger", "MetricError", "OtelRLError", "WorkerMetrics
 
 _LAZY = {"Logger": "otel_rl.logger", "WorkerMetrics": "otel_rl.distributed.worker"}
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'otel_rl' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -31,6 +31,9 @@ from opentelemetry.sdk.metrics.export import (
 #: The name of otel-rl's own meter; its instruments are mapped back to the user's keys.
 OWN_SCOPE = "otel_rl"
 
+#: A table's rows, as exporters' ``write_table`` receives them: cells are str, int or float.
+TableRows = Sequence[Sequence[Any]]
+
 
 @dataclass(frozen=True)
 class HistogramValue:

@@ -393,9 +393,9 @@ def test_the_configs_extra_patterns_reach_a_trackers_own_init_config(tmp_path):
     """``wandb: {config: ...}`` goes to ``wandb.init`` as it is, so the run's extra patterns apply
     to it as they do to hyperparameters: read back from W&B's offline files with its reader."""
     pytest.importorskip("wandb")
-    from otel_rl import Logger
     from otel_rl.exporters.wandb import WandbExporter
 
+    from otel_rl import Logger
     from tests.tracker_readers import read_wandb, wandb_run_dirs
 
     log_dir = tmp_path / "logs"

@@ -10,8 +10,7 @@ Nothing heavy is imported until used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from otel_rl.lazy_exports import lazy_exports
 
 _LAZY = {
     "WorkerMetrics": "otel_rl.distributed.worker",
@@ -24,11 +23,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'otel_rl.distributed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

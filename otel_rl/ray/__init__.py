@@ -3,8 +3,7 @@ actor for workers. Nothing here imports ``ray`` until it is used."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from otel_rl.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
     "RayNodeScraper": "otel_rl.ray.scraper",
@@ -13,11 +12,4 @@ _LAZY: dict[str, str] = {
     "MetricsAggregator": "otel_rl.ray.aggregator",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'otel_rl.ray' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

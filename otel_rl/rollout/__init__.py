@@ -3,8 +3,7 @@ docs/rollout-monitoring.md. Nothing here imports aiohttp or prometheus_client un
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from otel_rl.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
     "RolloutMonitor": "otel_rl.rollout.monitor",
@@ -15,11 +14,4 @@ _LAZY: dict[str, str] = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'otel_rl.rollout' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
