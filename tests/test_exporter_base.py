@@ -137,17 +137,16 @@ def test_bounded_queue_drops_oldest_and_says_so(otel_rl_warnings):
             super().__init__(**kwargs)
 
         def write_step(self, step, rows, batch):
+            writing.set()
             gate.wait()
             self.steps.append(step)
 
     from otel_rl.records import StepBatch
 
+    writing = threading.Event()
     tracker = Blocked(queue_size=5)
     tracker.submit(StepBatch(step=0, values={"x": 0.0}))
-    deadline = time.monotonic() + 5
-    while tracker._delivery._inflight != 1:  # step 0 is being written (held by the gate)
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    assert writing.wait(5)  # step 0 is being written (held by the gate)
     for step in range(1, 12):
         tracker.submit(StepBatch(step=step, values={"x": float(step)}))
     gate.set()

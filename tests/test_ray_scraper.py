@@ -22,6 +22,20 @@ def farm():
 
 
 @pytest.mark.slow
+def test_the_default_timeout_is_exact_not_rounded_up_to_a_whole_second(farm):
+    """A hanging node costs the 5 s default, not up to 6: the request starts just after a whole
+    second of the event loop's clock, where a deadline rounded up to the next second (aiohttp's
+    own habit from 5 s on) would add ~0.9 s."""
+    scraper = RayNodeScraper([farm.add(mode="hang")], timeout=5.0)
+    while not 0.02 < time.monotonic() % 1 < 0.08:  # the loop's clock is time.monotonic()
+        time.sleep(0.005)
+    collection = scraper.collect_once()
+    (result,) = collection.results.values()
+    assert result.kind == "timeout"
+    assert 5.0 <= result.seconds < 5.5, result.seconds
+
+
+@pytest.mark.slow
 def test_64_nodes_in_parallel_with_a_hanging_a_refusing_and_a_malformed_node(farm):
     timeout = 2.0
     urls: list[str] = []

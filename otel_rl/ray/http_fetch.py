@@ -9,6 +9,7 @@ runaway page costs at most ``max_bytes`` of memory.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 #: A Ray node's page is ~300 KB; anything far beyond is not a metrics page.
@@ -51,7 +52,10 @@ async def fetch_text(
     """
     aiohttp = import_aiohttp()
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+        # aiohttp rounds a deadline of ceil_threshold (5 s) or more up to the next whole second,
+        # which made the default 5 s timeout last up to 6 s: the deadline here is exact.
+        exact = aiohttp.ClientTimeout(total=timeout, ceil_threshold=math.inf)
+        async with session.get(url, timeout=exact) as response:
             if response.status != 200:
                 raise FetchError(f"HTTP {response.status} {response.reason or ''}".rstrip())
             body = bytearray()
