@@ -31,10 +31,17 @@ from otel_rl.lifecycle import weak_atexit
 
 _log = logging.getLogger("otel_rl")
 
-try:  # orjson is optional (extra "compat"); json is the fallback
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
+
+def _optional_orjson() -> Any:
+    """orjson is optional (extra "compat"); json is the fallback."""
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return orjson
+
+
+_orjson = _optional_orjson()
 
 #: Which serializer the background thread uses: "orjson" or "json".
 JSON_ENGINE = "orjson" if _orjson is not None else "json"
@@ -171,7 +178,9 @@ def snapshot_batch(data: Mapping[Any, Any]) -> tuple[dict[Any, Any], int]:
         raise ValueError(
             f"every value must be a batch (tensor, array or list) of the same length; got {detail}"
         )
-    return columns, distinct.pop()
+    size = distinct.pop()
+    assert size is not None  # refused above
+    return columns, size
 
 
 def snapshot_value(value: Any) -> Any:
@@ -242,13 +251,14 @@ def dumps_line(obj: Any, keep_nonfinite: bool = True) -> bytes:
     """``obj`` as one JSON line. ``keep_nonfinite``: NaN/±inf as Python's tokens (via ``json``);
     otherwise orjson (when installed) may write them as ``null``."""
     if _orjson is not None and not keep_nonfinite:
-        return _orjson.dumps(
+        line: bytes = _orjson.dumps(
             obj,
             default=_orjson_default,
             option=_orjson.OPT_SERIALIZE_NUMPY
             | _orjson.OPT_NON_STR_KEYS
             | _orjson.OPT_APPEND_NEWLINE,
         )
+        return line
     return (json.dumps(to_plain(obj), default=str, separators=(", ", ": ")) + "\n").encode()
 
 
@@ -324,7 +334,7 @@ def has_nonfinite(value: Any) -> bool:
     return False
 
 
-def write_lines_atomically(path: str | os.PathLike, lines: Iterator[bytes]) -> int:
+def write_lines_atomically(path: str | os.PathLike[str], lines: Iterator[bytes]) -> int:
     """Write ``lines`` to ``path`` through ``<path>.tmp`` and a rename; returns bytes written."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -347,7 +357,7 @@ def write_lines_atomically(path: str | os.PathLike, lines: Iterator[bytes]) -> i
     return written
 
 
-def append_lines(path: str | os.PathLike, lines: Sequence[str]) -> int:
+def append_lines(path: str | os.PathLike[str], lines: Sequence[str]) -> int:
     """Append ``lines`` (each followed by ``\\n``) to ``path`` in one write; returns bytes."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

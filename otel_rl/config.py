@@ -26,7 +26,7 @@ PASSTHROUGH_SECTIONS = ("wandb", "mlflow", "swanlab", "trackio", "trackers")
 #: Tracker backends and the config flag that enables each.
 
 
-def load_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
+def load_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
     """Return the user's raw config from a mapping, a YAML file path, or ``None``.
 
     A YAML file may hold the logger config at its top level or under a ``logger:`` key (as in
@@ -55,7 +55,7 @@ def load_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[st
     return dict(data)
 
 
-def resolve_config(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
+def resolve_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
     """Merge ``source`` over the defaults and validate it; returns a new plain nested dict.
 
     Raises :class:`ConfigError` naming each wrong key, its value and what it takes.

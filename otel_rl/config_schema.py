@@ -110,8 +110,8 @@ def _field(
 ) -> Any:
     """A config key: its default, the docs' "meaning" column and, where the annotation alone
     would read poorly in the docs, the type and default as the table shows them."""
-    extra = {"shown_type": shown_type, "shown_default": shown_default}
-    extra = {k: v for k, v in extra.items() if v is not None}
+    shown = {"shown_type": shown_type, "shown_default": shown_default}
+    extra: dict[str, Any] = {k: v for k, v in shown.items() if v is not None}
     if factory is not None:
         return Field(
             default_factory=factory, description=meaning, json_schema_extra=extra, **bounds

@@ -75,7 +75,8 @@ _lock = threading.Lock()  # register/unregister bookkeeping; never taken by the 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()  # every live Logger (the fork hook disables them)
 _signal_users: weakref.WeakSet[Any] = weakref.WeakSet()  # live Loggers with handle_signals
 _previous: dict[int, Any] = {}  # the handlers ours replaced
-_exit = {"code": None}  # the exit code the process is heading for, when known
+# The exit code the process is heading for, when known.
+_exit: dict[str, int | None] = {"code": None}
 _hooks_installed = {"excepthook": False, "sys.exit": False, "unraisablehook": False}
 
 
@@ -493,7 +494,7 @@ def _disable_in_child(logger: Any) -> None:
         abandon = getattr(exporter, "abandon_after_fork", None)
         if abandon is not None:
             abandon()
-    warned = []
+    warned: list[bool] = []
 
     def disabled(name: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:

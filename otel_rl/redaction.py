@@ -103,7 +103,7 @@ _BEARER = re.compile(r"\b(?P<scheme>Bearer[ \t]+)[A-Za-z0-9._~+/=\-]{8,}")
 
 def key_words(key: str) -> list[str]:
     """The lower-case words of ``key``: ``"wandb.apiKey"`` → ``["wandb", "api", "key"]``."""
-    words = []
+    words: list[str] = []
     for piece in _PIECES.split(str(key)):
         words.extend(w.lower() for w in _WORD.findall(piece))
     return words
@@ -400,7 +400,7 @@ def _split_header(item: str) -> tuple[str, str, str]:
 
 
 def _header_string_secrets(value: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for item in value.split(","):
         name, sep, val = _split_header(item)
         if sep and not _is_safe_header(name):

@@ -41,7 +41,8 @@ class RoutedMeterProvider(ApiMeterProvider):
         # Providers of the live Loggers, oldest first (weak: a dropped Logger is not pinned).
         self._live: list[weakref.ref[ApiMeterProvider]] = []
 
-    def get_meter(
+    # A _RoutedMeter is a Meter by delegation, not by inheritance.
+    def get_meter(  # type: ignore[override]
         self,
         name: str,
         version: str | None = None,
@@ -91,7 +92,7 @@ class RoutedMeterProvider(ApiMeterProvider):
 
 
 class _RoutedMeter:
-    def __init__(self, provider: RoutedMeterProvider, meter_args: tuple) -> None:
+    def __init__(self, provider: RoutedMeterProvider, meter_args: tuple[Any, ...]) -> None:
         self._provider = provider
         self._meter_args = meter_args
 
@@ -115,7 +116,7 @@ class _RoutedInstrument:
     def __init__(
         self,
         provider: RoutedMeterProvider,
-        meter_args: tuple,
+        meter_args: tuple[Any, ...],
         kind: str,
         args: Sequence[Any],
         kwargs: dict[str, Any],

@@ -33,7 +33,7 @@ _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 
 
-def spool_root(log_dir: str | os.PathLike) -> Path:
+def spool_root(log_dir: str | os.PathLike[str]) -> Path:
     return Path(log_dir) / SPOOL_DIRNAME
 
 
@@ -276,7 +276,7 @@ class Spool:
     thread.
     """
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
         _private_dirs(self.dir)
         acks = read_acks(self.dir)

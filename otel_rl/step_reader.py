@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from opentelemetry.sdk.metrics import (
     Counter,
     Histogram,
@@ -18,7 +20,7 @@ _DELTA = AggregationTemporality.DELTA
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 
 #: Per-step temporality: counters and histograms as deltas, up-down counters as levels.
-STEP_TEMPORALITY = {
+STEP_TEMPORALITY: dict[type, AggregationTemporality] = {
     Counter: _DELTA,
     Histogram: _DELTA,
     ObservableCounter: _DELTA,
@@ -42,7 +44,7 @@ class StepReader(MetricReader):
         self._collected: list[MetricsData] = []
 
     def _receive_metrics(
-        self, metrics_data: MetricsData | None, timeout_millis: float = 10_000, **kwargs
+        self, metrics_data: MetricsData | None, timeout_millis: float = 10_000, **kwargs: Any
     ) -> None:
         if metrics_data is None:
             return
@@ -55,5 +57,5 @@ class StepReader(MetricReader):
         taken, self._collected = self._collected, []
         return taken
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self._collected = []

@@ -19,10 +19,13 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from otel_rl.errors import ConfigError
 from otel_rl.records import OWN_SCOPE
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor
 
 #: Name and attribute of the span that stands for one training step.
 STEP_SPAN = "rl.step"
@@ -64,7 +67,7 @@ def build_tracer_provider(enabled: bool, otlp: Mapping[str, Any] | None, resourc
     else:
         # No OTLP section: the spans go where the Ray tracing hook sends this process's spans,
         # if it runs here (now or later: a Logger may be built before ``ray.init``).
-        provider.add_span_processor(_HookForwarder())
+        provider.add_span_processor(cast("SpanProcessor", _HookForwarder()))
     return provider
 
 

@@ -46,9 +46,10 @@ def flatten_into(
             if type(raw_key) is str:
                 key = raw_key
             else:
-                key = _key_text(raw_key, report)
-                if key is None:
+                text = _key_text(raw_key, report)
+                if text is None:
                     continue
+                key = text
             if not key:
                 report(key, "empty key skipped")
                 continue
@@ -152,7 +153,8 @@ def _array_list(value: Any) -> list[Any]:
     if hasattr(value, "detach"):  # torch: leave autograd and the device before converting
         value = value.detach().cpu()
     flat = value.reshape(-1) if hasattr(value, "reshape") else value
-    return flat.tolist()
+    values: list[Any] = flat.tolist()
+    return values
 
 
 def _summarize_into(out: dict[str, Any], key: str, values: list[Any], report: Reporter) -> int:

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
-try:
+if sys.version_info >= (3, 11):
     from typing import NotRequired
-except ImportError:  # Python 3.10
+else:
     from typing_extensions import NotRequired
 
 from otel_rl.compat.common import exit_code_now, plain
@@ -150,7 +151,7 @@ class Logger:
 
     def __init__(
         self,
-        cfg: LoggerConfig | Mapping[str, Any] | str | os.PathLike,
+        cfg: LoggerConfig | Mapping[str, Any] | str | os.PathLike[str],
         *,
         exporters: Sequence[Any] = (),
         artifact_queue: int = 4,

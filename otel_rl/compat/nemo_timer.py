@@ -21,10 +21,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 #: NeMo RL's logger name for its timer, kept so that existing logging configuration applies.
 LOGGER_NAME = "nemo_rl.utils.timer"
 _log = logging.getLogger(LOGGER_NAME)
+
+#: A marked point in time (Unix seconds) and its metadata.
+Marker = tuple[float, dict[str, Any] | None]
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -58,7 +62,7 @@ class Timer:
     def __init__(self, context: dict[str, object] | None = None) -> None:
         self._timers: dict[str, list[float]] = {}
         self._start_times: dict[str, float] = {}
-        self._markers: dict[str, list[tuple[float, dict | None]]] = {}
+        self._markers: dict[str, list[Marker]] = {}
         self._context: dict[str, object] = dict(context or {})
         if "hostname" not in self._context:
             import socket
@@ -109,7 +113,7 @@ class Timer:
         values = self._timers.pop(label, None)
         return math.fsum(values) if values else 0.0
 
-    def mark(self, label: str, metadata: dict | None = None) -> float:
+    def mark(self, label: str, metadata: dict[str, Any] | None = None) -> float:
         """Record a point in time (Unix seconds, comparable across processes); returns it."""
         now = time.time()
         self._markers.setdefault(label, []).append((now, metadata))
@@ -118,7 +122,7 @@ class Timer:
 
     # ---- reading ------------------------------------------------------------------------------
 
-    def get_markers(self, label: str | None = None) -> dict[str, list[tuple[float, dict | None]]]:
+    def get_markers(self, label: str | None = None) -> dict[str, list[Marker]]:
         if label is not None:
             return {label: list(self._markers.get(label, []))}
         return {k: list(v) for k, v in self._markers.items()}
@@ -204,11 +208,11 @@ class ThreadSafeTimer(Timer):
         with self._lock:
             return super().drain(label)
 
-    def mark(self, label: str, metadata: dict | None = None) -> float:
+    def mark(self, label: str, metadata: dict[str, Any] | None = None) -> float:
         with self._lock:
             return super().mark(label, metadata)
 
-    def get_markers(self, label: str | None = None) -> dict[str, list[tuple[float, dict | None]]]:
+    def get_markers(self, label: str | None = None) -> dict[str, list[Marker]]:
         with self._lock:
             return super().get_markers(label)
 

@@ -59,5 +59,6 @@ def cell(value: Any) -> str | int | float:
     if isinstance(value, (int, float, str)):
         return value
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # numpy/torch scalar
-        return value.item()
+        item: str | int | float = value.item()
+        return item
     return str(value)

@@ -313,6 +313,7 @@ class ValidationGenerationsLogger:
                 step,
             )
             return
+        assert swanlab is not None  # has_run came from it
         text = markdown_table(GENERATIONS_COLUMNS, rows)
         swanlab.log({GENERATIONS_KEY: swanlab.Text(text)}, step=step)
 

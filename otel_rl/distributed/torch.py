@@ -181,4 +181,5 @@ def _all_reduce(
 ) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
-    return tensor.tolist()
+    reduced: list[float] = tensor.tolist()
+    return reduced

@@ -113,7 +113,8 @@ class MetricsAggregator:
         handle = self._resolve(force=True)
         if handle is None:
             raise RuntimeError(f"no metrics aggregator named {self.name!r} is running")
-        return ray.get(handle.drain.remote(step, int(expect), float(timeout)))
+        drained = ray.get(handle.drain.remote(step, int(expect), float(timeout)))
+        return list(drained)
 
     def actor_stats(self) -> dict[str, int]:
         """The actor's counters: ``received``, ``drained``, ``dropped`` (buffer full), ``held``."""
@@ -122,7 +123,8 @@ class MetricsAggregator:
         handle = self._resolve(force=True)
         if handle is None:
             raise RuntimeError(f"no metrics aggregator named {self.name!r} is running")
-        return ray.get(handle.stats.remote())
+        stats: dict[str, int] = ray.get(handle.stats.remote())
+        return stats
 
     def kill(self) -> None:
         """Stop the actor (undrained snapshots are lost)."""
@@ -173,7 +175,9 @@ class MetricsAggregator:
         return {"name": self.name, "namespace": self.namespace, "retry": self.retry_interval}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["name"], state["namespace"], retry_interval=state["retry"])
+        MetricsAggregator.__init__(
+            self, state["name"], state["namespace"], retry_interval=state["retry"]
+        )
 
 
 class _AggregatorActor:

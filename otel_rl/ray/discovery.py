@@ -74,7 +74,7 @@ def ray_targets() -> list[NodeTarget]:
             "every collection) or set gpu_monitoring.endpoints"
         )
     try:
-        nodes = ray.nodes()
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
     except Exception as exc:  # GCS unreachable, cluster shutting down
         raise DiscoveryError(f"ray.nodes() failed: {type(exc).__name__}: {exc}") from exc
     return targets_from_ray_nodes(nodes)

@@ -58,9 +58,9 @@ def install_gpu_gauges(meter: Meter, scraper: RayNodeScraper) -> None:
         meter.create_observable_gauge(
             name, callbacks=[_gpu_callback(scraper, read)], unit=unit, description=description
         )
-    for name, unit, description, read in _NODE_GAUGES:
+    for name, unit, description, read_node in _NODE_GAUGES:
         meter.create_observable_gauge(
-            name, callbacks=[_node_callback(scraper, read)], unit=unit, description=description
+            name, callbacks=[_node_callback(scraper, read_node)], unit=unit, description=description
         )
 
 

@@ -7,6 +7,7 @@ gauges on Prometheus and/or pushes them over OTLP, and prints a live table of th
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -141,7 +142,7 @@ def join_ray(address: str) -> str | None:
             via = " (from RAY_ADDRESS)" if target != address else ""
             return f"no Ray cluster answers at {target}{via}: {unreachable}; {_NO_RAY_HINT}"
     try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError:
         return f"no running Ray cluster found for --ray-address {address}; {_NO_RAY_HINT}"
     except Exception as exc:  # ray's reason, without its traceback

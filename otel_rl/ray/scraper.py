@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +125,7 @@ class RayNodeScraper:
         }
         self.latest: Mapping[int, CachedNode] = {}
         self.last: Collection | None = None
-        self._discover = discover
+        self._discover: Callable[[], list[NodeTarget]] = discover
         self._targets: list[NodeTarget] = []
         self._states: dict[str, str] = {}
         self._listeners: list[Listener] = []
@@ -134,7 +134,7 @@ class RayNodeScraper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[list[NodeResult]] | None = None
         self._worker: int | None = None
 
     # ---- public API ---------------------------------------------------------------------------
@@ -246,7 +246,9 @@ class RayNodeScraper:
         async with session:
             return list(await asyncio.gather(*(one(n, t) for n, t in numbered)))
 
-    def _run_async(self, coro: Any) -> list[NodeResult] | None:
+    def _run_async(
+        self, coro: Coroutine[Any, Any, list[NodeResult]]
+    ) -> list[NodeResult] | None:
         loop = asyncio.new_event_loop()
         try:
             task = loop.create_task(coro)

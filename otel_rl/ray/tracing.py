@@ -24,10 +24,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from otel_rl.errors import ConfigError
 from otel_rl.tracing import RunIdFromBaggage, hook_active, install_hook, otlp_span_exporter
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor
 
 __all__ = ["hook_active", "setup"]
 
@@ -63,7 +66,7 @@ def setup() -> None:
         processor = BatchSpanProcessor(otlp_span_exporter({}, meter_provider=quiet))
     # shutdown_on_exit: a worker that exits normally flushes its last spans.
     provider = TracerProvider(resource=resource, meter_provider=quiet)
-    provider.add_span_processor(RunIdFromBaggage())
+    provider.add_span_processor(cast("SpanProcessor", RunIdFromBaggage()))
     if processor is not None:
         provider.add_span_processor(processor)
     install_hook(processor, resource)

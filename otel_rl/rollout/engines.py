@@ -42,7 +42,7 @@ V0_ONLY = frozenset(
     }
 )
 
-_VLLM_COUNTERS = {
+_VLLM_COUNTERS: dict[str, tuple[str, ...]] = {
     "gen_tokens": ("vllm:generation_tokens_total",),
     "prompt_tokens": ("vllm:prompt_tokens_total",),
     # Summed over every finished_reason (stop, length, abort, error, ...).
@@ -52,19 +52,19 @@ _VLLM_COUNTERS = {
     "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
     "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
 }
-_VLLM_GAUGES = {
+_VLLM_GAUGES: dict[str, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running",),
     "waiting": ("vllm:num_requests_waiting",),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     # V0 only: a gauge of the block hit rate since the engine started.
     "prefix_hit_rate": ("vllm:gpu_prefix_cache_hit_rate",),
 }
-_VLLM_HISTOGRAMS = {
+_VLLM_HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "ttft": ("vllm:time_to_first_token_seconds",),
     "e2e": ("vllm:e2e_request_latency_seconds",),
 }
 
-_SGLANG_COUNTERS = {
+_SGLANG_COUNTERS: dict[str, tuple[str, ...]] = {
     # Both token counters are incremented once per request, when it finishes.
     "gen_tokens": ("sglang:generation_tokens_total",),
     "prompt_tokens": ("sglang:prompt_tokens_total",),
@@ -75,12 +75,12 @@ _SGLANG_COUNTERS = {
     "prefix_hits": ("sglang:cached_tokens_total",),
     "prefix_queries": ("sglang:prompt_tokens_total",),
 }
-_SGLANG_GAUGES = {
+_SGLANG_GAUGES: dict[str, tuple[str, ...]] = {
     "running": ("sglang:num_running_reqs",),
     "waiting": ("sglang:num_queue_reqs",),
     "kv_usage": ("sglang:token_usage",),
 }
-_SGLANG_HISTOGRAMS = {
+_SGLANG_HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "ttft": ("sglang:time_to_first_token_seconds",),
     "e2e": ("sglang:e2e_request_latency_seconds",),
 }

@@ -454,7 +454,7 @@ class RolloutMonitor:
     def wait_rounds(self, count: int, timeout: float = 10.0) -> bool:
         """Block until at least ``count`` rounds have completed (for tests and tools)."""
         with self._round_done:
-            return self._round_done.wait_for(lambda: self.stats["rounds"] >= count, timeout)
+            return bool(self._round_done.wait_for(lambda: self.stats["rounds"] >= count, timeout))
 
 
 def _parse(got: str | BaseException, engine: str) -> dict[str | None, EngineSample] | Exception:
