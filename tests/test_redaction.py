@@ -274,6 +274,7 @@ def config_with_secret(draw):
     return tree, secret
 
 
+@pytest.mark.slow  # 200 examples each; the full suite runs them
 @settings(max_examples=200, deadline=None)
 @given(config_with_secret())
 def test_property_a_planted_secret_never_survives(case):
@@ -283,6 +284,7 @@ def test_property_a_planted_secret_never_survives(case):
     assert secret not in redact_text(json.dumps(tree), {secret})
 
 
+@pytest.mark.slow  # 200 examples each; the full suite runs them
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(plain_key(), _TREE, max_size=5))
 def test_property_configs_without_secrets_are_unchanged_and_redaction_is_idempotent(tree):
