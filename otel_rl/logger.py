@@ -403,6 +403,7 @@ class Logger:
             )  # fmt: skip
             return
         spool = self._spool_options(exporter.name)
+        # A tracker of one's own may override attach() without the redaction keyword.
         if "redaction" in inspect.signature(exporter.attach).parameters:
             spool["redaction"] = self._redaction
         exporter.attach(options, **spool)
