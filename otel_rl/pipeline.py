@@ -13,7 +13,6 @@ Two providers share one resource:
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -26,9 +25,8 @@ from opentelemetry.sdk.metrics._internal.exemplar import AlwaysOffExemplarFilter
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.step_reader import StepReader
-
-_log = logging.getLogger("otel_rl")
 
 
 def build_resource(cfg: Mapping[str, Any], run_id: str) -> Resource:
@@ -82,13 +80,17 @@ class Pipeline:
             main_readers.extend(otlp_readers(cfg["otlp"]))
             side_readers.extend(otlp_readers(cfg["otlp"]))
             _log.info("otel-rl: pushing OTLP metrics to %s", self.otlp_endpoint)
-        common = {
-            "resource": resource,
-            "exemplar_filter": AlwaysOffExemplarFilter(),
-            "shutdown_on_exit": False,
-        }
-        self.provider = MeterProvider(metric_readers=main_readers, **common)
-        self.side_provider = MeterProvider(metric_readers=side_readers, **common)
+
+        def provider(readers: list[MetricReader]) -> MeterProvider:
+            return MeterProvider(
+                metric_readers=readers,
+                resource=resource,
+                exemplar_filter=AlwaysOffExemplarFilter(),
+                shutdown_on_exit=False,
+            )
+
+        self.provider = provider(main_readers)
+        self.side_provider = provider(side_readers)
         self.has_side_readers = bool(side_readers)
 
     def _add_prometheus(
@@ -109,7 +111,12 @@ class Pipeline:
         bound = server.server_address[1]
         self.prometheus_url = f"http://{host}:{bound}/metrics"
         self.prometheus_registry = registry
-        self._closers.append(lambda: (server.shutdown(), server.server_close()))
+
+        def close_server() -> None:
+            server.shutdown()
+            server.server_close()
+
+        self._closers.append(close_server)
         _log.info("otel-rl: Prometheus metrics at %s", self.prometheus_url)
 
     def shutdown(self, timeout_millis: float) -> None:

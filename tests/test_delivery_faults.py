@@ -139,7 +139,8 @@ def test_worker_survives_a_spool_segment_vanishing_under_a_backlog(tmp_path, ote
 
 
 def test_worker_thread_never_dies(tmp_path, otel_rl_warnings):
-    """Item 2: an error of ours inside the delivery loop is reported once; delivery goes on."""
+    """Item 2: an error of ours inside the delivery loop is reported once; delivery goes on.
+    The bug is injected into the delivery's own loop: nothing public can break it."""
     tracker = Recording()
     tracker.start()
     delivery = tracker._delivery
@@ -273,7 +274,8 @@ def test_a_full_disk_never_tears_the_spool_or_reuses_a_sequence_number(tmp_path)
 
 
 def test_records_the_spool_could_not_hold_are_counted_and_still_delivered(tmp_path):
-    """Item 5: with the spool unwritable, records go on from memory and are counted."""
+    """Item 5: with the spool unwritable, records go on from memory and are counted. A full disk
+    is injected at the spool's append (a real one needs a mount this test cannot make)."""
     tracker = Recording(spool_dir=tmp_path / "spool", fsync_interval=0.05)
     tracker.start()
     real = tracker._delivery.spool.append
@@ -376,7 +378,8 @@ def test_an_exporter_given_as_an_instance_gets_the_spool_and_export_options(tmp_
 
 def test_drop_oldest_never_drops_a_record_being_written(tmp_path):
     """Item 12: max_batch=3, queue_size=3, all three in flight: the newcomer is what is dropped
-    and counted; the three in flight arrive."""
+    and counted; the three in flight arrive. It waits on the delivery's in-flight count: only
+    that says the worker took all three records in one batch."""
     gate = threading.Event()
     tracker = Recording(fail=lambda step: gate.wait(), max_batch=3, queue_size=3,
                         on_full="drop_oldest")

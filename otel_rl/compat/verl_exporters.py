@@ -29,7 +29,7 @@ from otel_rl.exporters.jsonl import JsonlExporter
 from otel_rl.records import HistogramValue, RowValue, StepBatch
 
 
-class VerlFileExporter(JsonlExporter):
+class VerlFileExporter(JsonlExporter):  # type: ignore[misc]  # exporters/ is Any to mypy
     """otel-rl's JSONL exporter writing verl's line layout (training rows only)."""
 
     name: ClassVar[str] = "file"
@@ -62,7 +62,7 @@ def _value(value: RowValue) -> Any:
     return value
 
 
-class VerlConsoleExporter(TrackerExporter):
+class VerlConsoleExporter(TrackerExporter):  # type: ignore[misc]  # exporters/ is Any to mypy
     """verl's console backend, also ``Tracking.console_logger`` (verl: a ``LocalLogger``):
     ``log(data, step)``, ``flush()`` and ``print_to_console`` work as there, the printing
     happening on this tracker's thread."""

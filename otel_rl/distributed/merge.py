@@ -43,6 +43,8 @@ from otel_rl.distributed.snapshot import (
     SUM,
     WEIGHT,
     WSUM,
+    HistogramEntry,
+    ScalarEntry,
     merge_histogram,
 )
 from otel_rl.records import HistogramValue
@@ -61,15 +63,15 @@ def merge_snapshots(
     ``None`` entries (a worker that sent nothing) are skipped.
     """
     rules = reductions if isinstance(reductions, ReductionRules) else ReductionRules(reductions)
-    snapshots = [snap for snap in snapshots if snap is not None]
+    given = [snap for snap in snapshots if snap is not None]
     # Scalars are grouped per key first; each key's reduction then reads only the fields it
     # needs, in one builtin pass (per-entry Python arithmetic was most of the cost).
-    scalars: dict[str, list[tuple]] = {}
+    scalars: dict[str, list[ScalarEntry]] = {}
     timings: dict[str, dict[tuple[str, int], float]] = {}
-    histograms: dict[str, tuple] = {}
+    histograms: dict[str, HistogramEntry] = {}
     conflicts: dict[str, str] = {}
 
-    for snap in snapshots:
+    for snap in given:
         if not isinstance(snap, Mapping) or snap.get("format") != FORMAT:
             raise TypeError(
                 f"expected a WorkerMetrics snapshot (format {FORMAT}), got {type(snap).__name__}"
@@ -101,7 +103,7 @@ def merge_snapshots(
     lookup = rules.lookup if rules else None
     for key, entries in scalars.items():
         full = f"{prefix}/{key}" if prefix else key
-        explicit = _declared(key, entries, snapshots, conflicts)
+        explicit = _declared(key, entries, given, conflicts)
         spec = _scalar_spec(key, full, explicit, lookup, conflicts)
         if spec is None:
             continue
@@ -141,16 +143,16 @@ def merge_snapshots(
 
 def _declared(
     key: str,
-    entries: list[tuple],
+    entries: list[ScalarEntry],
     snapshots: list[Mapping[str, Any]],
     conflicts: dict[str, str],
 ) -> str | None:
     """The reduction the workers declared for ``key`` (``None``: none did); records a conflict
     when two declared different ones."""
-    first = entries[0][REDUCE]
+    first: str | None = entries[0][REDUCE]
     if all(e[REDUCE] == first for e in entries):
         return first
-    declared = {e[REDUCE] for e in entries} - {None}
+    declared: set[str] = {e[REDUCE] for e in entries} - {None}
     if len(declared) == 1:
         return declared.pop()
     # rare: find which workers disagree, for the message
@@ -199,7 +201,7 @@ def _scalar_spec(
     return declared
 
 
-def _scalar_value(entries: list[tuple], reduction: str) -> float:
+def _scalar_value(entries: list[ScalarEntry], reduction: str) -> float:
     if reduction == "mean":
         weight = sum([e[WEIGHT] for e in entries])
         return sum([e[WSUM] for e in entries]) / weight if weight > 0 else math.nan
@@ -221,8 +223,8 @@ def _extreme(pick: Callable[[list[float]], float], values: list[float]) -> float
     return float(pick(values))
 
 
-def _last_time(entry: tuple) -> float:
-    return entry[LAST_TIME]
+def _last_time(entry: ScalarEntry) -> float:
+    return float(entry[LAST_TIME])
 
 
 def _timing_value(totals: list[float], reduction: str) -> float:

@@ -20,7 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import Gauge, Histogram, MetricsData, Sum
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    HistogramDataPoint,
+    MetricsData,
+    NumberDataPoint,
+    Sum,
+)
 
 from otel_rl.records import _with_attributes, scoped_metrics
 
@@ -28,6 +34,11 @@ FORMAT = 1
 
 # Field positions of a scalar entry.
 REDUCE, N, SUM, WSUM, WEIGHT, MIN, MAX, LAST, LAST_TIME = range(9)
+
+#: A scalar in a snapshot, indexed by the names above (reduce, n, sum, ..., last_time).
+ScalarEntry = tuple[Any, ...]
+#: A histogram in a snapshot: (bounds, bucket counts, count, sum, min, max).
+HistogramEntry = tuple[tuple[float, ...], tuple[int, ...], int, float, float, float]
 
 
 def empty_snapshot(rank: int, role: str, step: int | None, now: float) -> dict[str, Any]:
@@ -62,27 +73,28 @@ def add_otel_data(
         if timer is not None:
             total, count = timings.get(timer, (0.0, 0))
             for p in points:
-                total, count = total + p.sum, count + p.count
+                if isinstance(p, HistogramDataPoint):
+                    total, count = total + p.sum, count + p.count
             timings[timer] = (total, count)
             continue
         for p in points:
             key = _with_attributes(metric.name, p.attributes)
-            if isinstance(metric.data, Histogram):
-                entry = (
+            if isinstance(p, HistogramDataPoint):
+                entry: HistogramEntry = (
                     tuple(p.explicit_bounds), tuple(p.bucket_counts),
                     p.count, p.sum, p.min, p.max,
                 )  # fmt: skip
                 old = histograms.get(key)
                 histograms[key] = entry if old is None else merge_histogram(old, entry)
-            elif isinstance(metric.data, Sum):
+            elif isinstance(p, NumberDataPoint) and isinstance(metric.data, Sum):
                 v = float(p.value)
                 scalars[key] = ("sum", 1, v, v, 1.0, v, v, v, now)
-            elif isinstance(metric.data, Gauge):
+            elif isinstance(p, NumberDataPoint) and isinstance(metric.data, Gauge):
                 v = float(p.value)
                 scalars[key] = (None, 1, v, v, 1.0, v, v, v, now)
 
 
-def merge_histogram(a: tuple, b: tuple) -> tuple:
+def merge_histogram(a: HistogramEntry, b: HistogramEntry) -> HistogramEntry:
     """Exact merge of two histogram entries with the same bucket bounds."""
     if a[0] != b[0]:
         raise ValueError("cannot merge histograms with different bucket bounds")
