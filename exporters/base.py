@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 import threading
 import time
@@ -31,12 +30,11 @@ from otel_rl.exporters.step_order import StepOrder
 
 from otel_rl.delivery import Delivery, ExportOptions
 from otel_rl.failures import Failure, RowRejected, classify
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.records import Record, RowValue, StepBatch, TableRows, scoped_metrics
 from otel_rl.redaction import Patterns, redact_init_kwargs
 from otel_rl.step_reader import STEP_TEMPORALITY
 from otel_rl.tracker_writer import PartialWrite, TrackerHooks, TrackerWriter
-
-_log = logging.getLogger("otel_rl")
 
 __all__ = ["RowRejected", "TrackerExporter"]
 

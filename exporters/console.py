@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import sys
 from collections.abc import Mapping
@@ -9,6 +10,7 @@ from typing import Any, ClassVar, TextIO
 
 from otel_rl.exporters.base import TrackerExporter
 
+from otel_rl.fork_safe_log import writing_shared_stream
 from otel_rl.records import HistogramValue, RowValue, StepBatch
 
 
@@ -19,6 +21,7 @@ class ConsoleExporter(TrackerExporter):
         self.every = every
         self._stream = stream
         self._console: Any = None
+        self._out: TextIO = sys.stderr
         self._rows_seen = 0
         super().__init__(**kwargs)
 
@@ -29,7 +32,13 @@ class ConsoleExporter(TrackerExporter):
     def open(self) -> None:
         from rich.console import Console
 
-        self._console = Console(file=self._stream or sys.stderr, highlight=False)
+        self._out = self._stream or sys.stderr
+        shown = Console(file=self._out, highlight=False)  # knows the terminal: colours and width
+        # Rendered into memory, written by _show: rich would touch the stream outside the guard.
+        self._console = Console(
+            file=io.StringIO(), highlight=False, force_terminal=shown.is_terminal,
+            color_system=shown.color_system, width=shown.width,  # type: ignore[arg-type]
+        )  # fmt: skip
 
     def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
         if batch.axis is not None:
@@ -44,10 +53,20 @@ class ConsoleExporter(TrackerExporter):
         table.add_column("value", justify="right")
         for key in sorted(rows):
             table.add_row(key, _format(rows[key]))
-        self._console.print(table)
+        self._show(table)
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
-        self._console.print(f"[bold]hyperparameters[/bold]: {len(params)} values")
+        self._show(f"[bold]hyperparameters[/bold]: {len(params)} values")
+
+    def _show(self, renderable: Any) -> None:
+        rendered = self._console.file
+        self._console.print(renderable)
+        text = rendered.getvalue()
+        rendered.seek(0)
+        rendered.truncate()
+        with writing_shared_stream():  # the process's stderr: a fork waits for the write
+            self._out.write(text)
+            self._out.flush()
 
 
 def _format(value: RowValue) -> str:

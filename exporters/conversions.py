@@ -7,13 +7,10 @@ only when called.
 from __future__ import annotations
 
 import io
-import logging
 import math
 from typing import Any
 
 from otel_rl.records import HistogramValue
-
-_log = logging.getLogger("otel_rl")
 
 
 def png_to_image(png: bytes) -> Any:

@@ -14,10 +14,9 @@ are, and so does a tracking server with a database backend (the default since ML
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 
-_log = logging.getLogger("otel_rl")
+from otel_rl.fork_safe_log import log as _log
 
 MAX_NAME_LENGTH = 250
 _INVALID = re.compile(r"[^\w.\- /]+")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import logging
 import math
 import os
 import threading
@@ -27,9 +26,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.lifecycle import weak_atexit
-
-_log = logging.getLogger("otel_rl")
 
 
 def _optional_orjson() -> Any:

@@ -9,15 +9,13 @@ never to a tracker, and ``otel-rl replay`` delivers it only if the step was neve
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from otel_rl.fanout import Fanout
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.records import StepBatch
-
-_log = logging.getLogger("otel_rl")
 
 
 class PendingStepCheckpointer:

@@ -16,7 +16,6 @@ The worker never dies: anything unexpected is reported once and the loop goes on
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.failures import Failure
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.records import StepBatch
 from otel_rl.spool import Spool
 from otel_rl.spool_feed import SpoolFeed
@@ -34,7 +34,6 @@ from otel_rl.tracker_writer import TrackerHooks, TrackerWriter
 
 __all__ = ["ON_FULL", "Delivery", "ExportOptions"]
 
-_log = logging.getLogger("otel_rl")
 
 ON_FULL = ("spool", "block", "drop_oldest")
 

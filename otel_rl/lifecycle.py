@@ -31,6 +31,8 @@ block, ``sys.exit`` bound before the first Logger (``from sys import exit``), an
 them. In the child each inherited Logger is disabled: what it is given is ignored with one warning
 (create a new Logger in the child), its ``finish()`` and ``atexit`` do nothing, and its trackers'
 spool and files are never written by the child. A Logger created in the child works normally.
+A fork waits for a line otel-rl's threads are writing to a stream the process shares
+(:mod:`otel_rl.fork_safe_log`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ import atexit
 import contextlib
 import functools
 import importlib.util
-import logging
 import os
 import signal
 import sys
@@ -51,6 +52,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
 
+from otel_rl.fork_safe_log import log as _log
+
 _T = TypeVar("_T")
 
 __all__ = [
@@ -61,7 +64,6 @@ __all__ = [
     "unregister",
 ]
 
-_log = logging.getLogger("otel_rl")
 
 #: How often a deferred signal is re-sent to the main thread (seconds).
 RETRY_S = 0.01

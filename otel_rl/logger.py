@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import logging
 import math
 import threading
 import time
@@ -22,6 +21,7 @@ from otel_rl.delivery import ExportOptions
 from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.errors import MetricError, MetricReporter
 from otel_rl.fanout import Fanout
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.lifecycle import exit_code_hint, exit_code_of, weak_atexit
 from otel_rl.paths import safe_relative
@@ -44,8 +44,6 @@ from otel_rl.steps import StepAssembler, checked_step
 from otel_rl.timing import Timer, TimerFactory
 from otel_rl.tracing import StepSpans, build_tracer_provider
 from otel_rl.values import flatten_into
-
-_log = logging.getLogger("otel_rl")
 
 #: The x-axis of rollout rows (docs/rollout-monitoring.md).
 ROLLOUT_AXIS = "rollout/step"

@@ -14,7 +14,6 @@ the training loop.
 from __future__ import annotations
 
 import base64
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,8 +23,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
 from otel_rl.errors import ConfigError
-
-_log = logging.getLogger("otel_rl")
+from otel_rl.fork_safe_log import log as _log
 
 PROTOCOLS = ("http/protobuf", "grpc")
 HISTOGRAMS = ("explicit", "exponential")

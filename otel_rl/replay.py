@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import logging
 import random
 import signal
 import threading
@@ -29,8 +28,6 @@ from otel_rl.config import resolve_config
 from otel_rl.records import StepBatch
 from otel_rl.registry import exporter_class
 from otel_rl.spool import DoneMarks, Skipped, read_acks, scan, spool_root, write_meta
-
-_log = logging.getLogger("otel_rl")
 
 KILLED_EXIT_CODE = 137
 

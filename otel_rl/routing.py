@@ -11,7 +11,6 @@ none is.
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import MeterProvider as ApiMeterProvider
 
-_log = logging.getLogger("otel_rl")
+from otel_rl.fork_safe_log import log as _log
 
 _SYNC_KINDS = ("create_counter", "create_up_down_counter", "create_histogram", "create_gauge")
 _ASYNC_KINDS = (

@@ -7,17 +7,15 @@ costs dict updates only: sealing builds a :class:`~otel_rl.records.StepBatch` an
 
 from __future__ import annotations
 
-import logging
 import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from otel_rl.errors import MetricError
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.records import Record, StepBatch
 from otel_rl.tracing import TRACE_ID_KEY
-
-_log = logging.getLogger("otel_rl")
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

@@ -7,14 +7,12 @@ so that one bad record never holds back the ones after it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from otel_rl.failures import Failure
-
-_log = logging.getLogger("otel_rl")
+from otel_rl.fork_safe_log import log as _log
 
 
 class PartialWrite(Exception):

@@ -494,6 +494,74 @@ def test_fork_children_while_a_thread_logs_never_hang_nor_touch_the_parents_run(
     assert [m["exit_code"] for m in _metas(log_dir)] == [5]
 
 
+class _StreamWithALock:
+    """Each write holds a plain lock for a while, as a buffered file's write holds its internal
+    lock: a fork child inherits such a lock as it was at the fork, and nothing releases it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.writing = threading.Event()
+        self.text: list[str] = []
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self.writing.set()
+            time.sleep(0.3)
+            self.text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            pass
+
+
+class _Unreachable:
+    name = "unreachable"
+
+    def write_step(self, step, rows, batch):
+        raise ConnectionError("tracker down")
+
+
+def _child_writes_to(stream: _StreamWithALock, queue: Any) -> None:
+    stream.write("the child's own line\n")
+    queue.put("".join(stream.text))
+
+
+@pytest.mark.skipif(not FORK, reason="no fork start method on this platform")
+@pytest.mark.parametrize("writer", ["a tracker's warning", "the console tracker"])
+def test_a_fork_while_otel_rl_writes_to_a_shared_stream_waits_for_the_write(tmp_path, writer):
+    """A child forked while a background thread of otel-rl writes a line to a stream the process
+    shares (a log handler's, the console's) must not inherit that stream's lock held."""
+    from otel_rl.exporters import TrackerExporter
+    from otel_rl.exporters.console import ConsoleExporter
+
+    ctx = multiprocessing.get_context("fork")
+    stream = _StreamWithALock()
+    handler = logging.StreamHandler(stream)  # type: ignore[arg-type]
+    cfg = {"log_dir": str(tmp_path), "export": {"shutdown_timeout": 1}}
+    if writer == "the console tracker":
+        exporters, expected = [ConsoleExporter(stream=stream)], "step 0"  # type: ignore[arg-type]
+    else:
+        unreachable = type("Unreachable", (_Unreachable, TrackerExporter), {})
+        exporters, expected = [unreachable()], "unreachable: write failed"
+        logging.getLogger("otel_rl").addHandler(handler)
+    queue = ctx.Queue()
+    try:
+        with Logger(cfg, exporters=exporters) as logger:
+            logger.log_metrics({"loss": 1.0}, step=0)
+            logger.log_metrics({"loss": 2.0}, step=1)  # step 0 is complete: off it goes
+            assert stream.writing.wait(10), "no background write began"
+            child = ctx.Process(target=_child_writes_to, args=(stream, queue))
+            child.start()  # while the background thread is inside its write
+            assert not _join_all([child]), "the fork child hung on the stream's inherited lock"
+            seen_by_child = queue.get(timeout=10)
+    finally:
+        logging.getLogger("otel_rl").removeHandler(handler)
+    assert child.exitcode == 0
+    assert expected in seen_by_child  # the fork waited for the parent's line to be written
+    assert seen_by_child.endswith("the child's own line\n")
+
+
 @pytest.mark.skipif(not FORK, reason="no fork start method on this platform")
 def test_a_new_logger_in_a_fork_child_works_normally(tmp_path):
     ctx = multiprocessing.get_context("fork")

@@ -20,12 +20,13 @@ returns after a snapshot and writes in the background (``flush()``/``finish()`` 
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
+
+from otel_rl.fork_safe_log import log as _log
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired
@@ -69,7 +70,6 @@ __all__ = [
     "should_log_nemo_gym_full_result_tables",
 ]
 
-_log = logging.getLogger("otel_rl")
 
 
 # ---- configuration (NeMo RL's TypedDicts; otel-rl's extra keys are accepted too) -------------

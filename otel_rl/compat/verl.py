@@ -18,7 +18,6 @@ crashed run failed in W&B, MLflow, SwanLab and TensorBoard's HPARAMS.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,10 +31,10 @@ from otel_rl.compat.verl_config import (
     core_config,
     file_logger_path,
 )
+from otel_rl.fork_safe_log import log as _log
 
 __all__ = ["Tracking", "ValidationGenerationsLogger", "active_tracking"]
 
-_log = logging.getLogger("otel_rl")
 
 #: The table (TensorBoard text tag, W&B key, MLflow artifact folder) validation samples go to.
 GENERATIONS_KEY = "val/generations"

@@ -15,17 +15,15 @@ that has the GPU, and logged at INFO.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_rl.fanout import Fanout
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.ray.gpu_metrics import tracker_rows
 from otel_rl.ray.scraper import Collection, RayNodeScraper
 from otel_rl.records import StepBatch
-
-_log = logging.getLogger("otel_rl")
 
 #: The tracker x-axis of GPU data (NeMo RL's name).
 AXIS = "ray/ray_step"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.ray.discovery import (
     DiscoveryError,
     NodeIds,
@@ -35,8 +35,6 @@ from otel_rl.ray.discovery import (
 )
 from otel_rl.ray.gpu_metrics import MalformedMetrics, NodeSample, parse_node_metrics
 from otel_rl.ray.http_fetch import FetchError, fetch_text, new_session
-
-_log = logging.getLogger("otel_rl")
 
 
 @dataclass(frozen=True)

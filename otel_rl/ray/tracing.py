@@ -21,12 +21,12 @@ traces its timers with no argument and exports them through the same processor.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from typing import TYPE_CHECKING, Any, cast
 
 from otel_rl.errors import ConfigError
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.tracing import RunIdFromBaggage, hook_active, install_hook, otlp_span_exporter
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = ["hook_active", "setup"]
 
-_log = logging.getLogger("otel_rl")
 
 
 def setup() -> None:

@@ -25,7 +25,6 @@ import asyncio
 import collections
 import contextlib
 import json
-import logging
 import os
 import tempfile
 import threading
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.ray.discovery import endpoint_targets
 from otel_rl.ray.http_fetch import FetchError, fetch_text, import_aiohttp, new_session
 from otel_rl.ray.scraper import next_slot
@@ -47,8 +47,6 @@ from otel_rl.rollout.engines import (
     parse_engine_page,
 )
 from otel_rl.rollout.rows import EngineStep, EngineWindow, combine, engine_rows, prefixed
-
-_log = logging.getLogger("otel_rl")
 
 Emit = Callable[[int, dict[str, float]], None]
 

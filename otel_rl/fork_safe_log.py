@@ -1,0 +1,80 @@
+"""The library's own log, written so that a ``fork`` never copies a half-written stream.
+
+A thread that writes to a buffered stream holds that stream's internal lock, which Python does
+not renew in a fork child: if the process forks while one of otel-rl's background threads is
+inside a write to a log handler's stream (or to stderr, for the console tracker), the child's
+first write to that stream waits forever on a lock no thread of the child holds. The child need
+not use otel-rl at all: ``multiprocessing`` flushes stdout when a child exits, and any log line
+through the same handler hangs.
+
+So every such write takes one lock, and ``fork`` takes it too (``os.register_at_fork``): a fork
+waits for a write in progress to end, and no write starts while a fork copies the process. The
+lock is taken only when a line is actually written (warnings are rare; none is on the hot path).
+A fork waits for the write it meets at most :data:`FORK_WAIT_S`: a stream stuck longer than
+that is stuck for the child too, whatever otel-rl does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+__all__ = ["log", "writing_shared_stream"]
+
+#: The longest a ``fork`` waits for a write in progress (seconds); a write stuck longer (a log
+#: handler blocked on a full pipe) is left to it.
+FORK_WAIT_S = 5.0
+
+_writing = threading.RLock()  # reentrant: a handler may itself log through otel-rl
+_held_for_fork = False
+
+
+@contextlib.contextmanager
+def writing_shared_stream() -> Iterator[None]:
+    """Hold off ``fork`` while the calling thread writes to a stream the process shares."""
+    with _writing:
+        yield
+
+
+class _ForkSafeLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if self.isEnabledFor(level):
+            kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1  # name the caller, not us
+            with _writing:
+                self.logger.log(level, msg, *args, **kwargs)
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        return msg, kwargs  # no ``extra`` of the adapter's own to merge in
+
+
+#: The ``otel_rl`` logger; configure it as usual with ``logging.getLogger("otel_rl")``.
+log = _ForkSafeLog(logging.getLogger("otel_rl"), {})
+
+
+def _before_fork() -> None:
+    global _held_for_fork
+    _held_for_fork = _writing.acquire(timeout=FORK_WAIT_S)
+
+
+def _after_fork_in_parent() -> None:
+    if _held_for_fork:
+        _writing.release()
+
+
+def _after_fork_in_child() -> None:
+    global _writing
+    _writing = threading.RLock()  # the parent's is held (by the forking thread)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
