@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-__all__ = ["log", "writing_shared_stream"]
+__all__ = ["fork_safe", "log", "writing_shared_stream"]
 
 #: The longest a ``fork`` waits for a write in progress (seconds); a write stuck longer (a log
 #: handler blocked on a full pipe) is left to it.
@@ -53,8 +53,13 @@ class _ForkSafeLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, kwargs  # no ``extra`` of the adapter's own to merge in
 
 
+def fork_safe(logger: logging.Logger) -> logging.LoggerAdapter:  # type: ignore[type-arg]
+    """``logger``, its lines written under the fork guard."""
+    return _ForkSafeLog(logger, {})
+
+
 #: The ``otel_rl`` logger; configure it as usual with ``logging.getLogger("otel_rl")``.
-log = _ForkSafeLog(logging.getLogger("otel_rl"), {})
+log = fork_safe(logging.getLogger("otel_rl"))
 
 
 def _before_fork() -> None:

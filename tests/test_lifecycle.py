@@ -528,12 +528,14 @@ def _child_writes_to(stream: _StreamWithALock, queue: Any) -> None:
 
 
 @pytest.mark.skipif(not FORK, reason="no fork start method on this platform")
-@pytest.mark.parametrize("writer", ["a tracker's warning", "the console tracker"])
+@pytest.mark.parametrize("writer", ["a tracker's warning", "the console tracker", "verl's console"])
 def test_a_fork_while_otel_rl_writes_to_a_shared_stream_waits_for_the_write(tmp_path, writer):
     """A child forked while a background thread of otel-rl writes a line to a stream the process
     shares (a log handler's, the console's) must not inherit that stream's lock held."""
     from otel_rl.exporters import TrackerExporter
     from otel_rl.exporters.console import ConsoleExporter
+
+    from otel_rl.compat.verl_exporters import VerlConsoleExporter
 
     ctx = multiprocessing.get_context("fork")
     stream = _StreamWithALock()
@@ -541,6 +543,8 @@ def test_a_fork_while_otel_rl_writes_to_a_shared_stream_waits_for_the_write(tmp_
     cfg = {"log_dir": str(tmp_path), "export": {"shutdown_timeout": 1}}
     if writer == "the console tracker":
         exporters, expected = [ConsoleExporter(stream=stream)], "step 0"  # type: ignore[arg-type]
+    elif writer == "verl's console":
+        exporters, expected = [VerlConsoleExporter(stream=stream)], "step:0 - loss:1.0"
     else:
         unreachable = type("Unreachable", (_Unreachable, TrackerExporter), {})
         exporters, expected = [unreachable()], "unreachable: write failed"

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TextIO
 
 from otel_rl.exporters.base import TrackerExporter
 from otel_rl.exporters.jsonl import JsonlExporter
+from otel_rl.fork_safe_log import fork_safe, writing_shared_stream
 from otel_rl.records import HistogramValue, RowValue, StepBatch
 
 
@@ -99,7 +100,8 @@ class VerlConsoleExporter(TrackerExporter):  # type: ignore[misc]  # exporters/ 
             if type(value) is float
         )
         stream = self._stream or sys.stdout
-        print(" - ".join(parts), file=stream, flush=True)
+        with writing_shared_stream():  # the process's stdout: a fork waits for the line
+            print(" - ".join(parts), file=stream, flush=True)
 
 
 # ---- verl's MLflow metric names --------------------------------------------------------------
@@ -107,7 +109,7 @@ class VerlConsoleExporter(TrackerExporter):  # type: ignore[misc]  # exporters/ 
 #: The logger verl's MLflow adapter warns on (``verl.utils.tracking``), kept so that logging
 #: configured for verl applies unchanged.
 VERL_TRACKING_LOGGER = "verl.utils.tracking"
-_verl_log = logging.getLogger(VERL_TRACKING_LOGGER)
+_verl_log = fork_safe(logging.getLogger(VERL_TRACKING_LOGGER))
 
 #: Characters verl keeps in an MLflow key: MLflow's own set (letters, digits, ``_ - . / :`` and
 #: spaces). Each other character becomes one ``_``.
