@@ -30,7 +30,7 @@ __all__ = ["fork_safe", "log", "writing_shared_stream"]
 FORK_WAIT_S = 5.0
 
 _writing = threading.RLock()  # reentrant: a handler may itself log through otel-rl
-_held_for_fork = False
+_forking = threading.local()  # per forking thread: did its fork get the lock (two may fork)
 
 
 @contextlib.contextmanager
@@ -50,7 +50,7 @@ class _ForkSafeLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     def process(
         self, msg: Any, kwargs: MutableMapping[str, Any]
     ) -> tuple[Any, MutableMapping[str, Any]]:
-        return msg, kwargs  # no ``extra`` of the adapter's own to merge in
+        return msg, kwargs  # a caller's own ``extra`` passes unchanged (the adapter has none)
 
 
 def fork_safe(logger: logging.Logger) -> logging.LoggerAdapter:  # type: ignore[type-arg]
@@ -63,12 +63,12 @@ log = fork_safe(logging.getLogger("otel_rl"))
 
 
 def _before_fork() -> None:
-    global _held_for_fork
-    _held_for_fork = _writing.acquire(timeout=FORK_WAIT_S)
+    _forking.held = _writing.acquire(timeout=FORK_WAIT_S)
 
 
 def _after_fork_in_parent() -> None:
-    if _held_for_fork:
+    if getattr(_forking, "held", False):
+        _forking.held = False
         _writing.release()
 
 

@@ -567,6 +567,51 @@ def test_a_fork_while_otel_rl_writes_to_a_shared_stream_waits_for_the_write(tmp_
 
 
 @pytest.mark.skipif(not FORK, reason="no fork start method on this platform")
+def test_forks_from_two_threads_at_once_never_leave_the_write_guard_held(monkeypatch):
+    """Thread A forks and holds the write guard; thread B forks meanwhile and gives up waiting
+    for it (``FORK_WAIT_S`` 0). A must still release the guard after its fork, or every later
+    log line of otel-rl hangs. To stop A inside its fork, the test holds the logging module's
+    own lock, which logging's fork hook takes after otel-rl's (a private name of ``logging``:
+    nothing public pauses a fork half-way)."""
+    from otel_rl import fork_safe_log
+
+    monkeypatch.setattr(fork_safe_log, "FORK_WAIT_S", 0.0)
+
+    checked = threading.Event()
+
+    def fork() -> None:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        checked.wait(TIMEOUT)  # alive till the check: a new thread could reuse its identity
+
+    forks = [threading.Thread(target=fork) for _ in range(2)]
+    with logging._lock:  # type: ignore[attr-defined]
+        forks[0].start()
+        deadline = time.monotonic() + 10
+        while fork_safe_log._writing.acquire(blocking=False):  # until A holds the guard
+            fork_safe_log._writing.release()
+            assert time.monotonic() < deadline, "the first fork never took the guard"
+            time.sleep(0.001)
+        forks[1].start()
+        time.sleep(0.3)  # lets B reach the guard and give up (if not, the test proves less)
+    written = threading.Event()
+
+    def warn() -> None:
+        fork_safe_log.log.warning("after the forks")
+        written.set()
+
+    threading.Thread(target=warn, daemon=True).start()
+    try:
+        assert written.wait(5), "a fork left the write guard held: otel-rl's log lines now hang"
+    finally:
+        checked.set()
+        for thread in forks:
+            thread.join(TIMEOUT)
+
+
+@pytest.mark.skipif(not FORK, reason="no fork start method on this platform")
 def test_a_new_logger_in_a_fork_child_works_normally(tmp_path):
     ctx = multiprocessing.get_context("fork")
     parent_dir, child_dir = tmp_path / "parent", tmp_path / "child"
