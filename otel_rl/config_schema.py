@@ -29,7 +29,6 @@ import types
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
-from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -59,18 +58,12 @@ def _path(value: Any) -> Any:
 
 
 def _endpoint(value: str) -> str:
-    text = value.strip()
-    parts = urlsplit(text if "://" in text else f"http://{text}")
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if (
-        parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or ("://" not in text and port is None)
-    ):
-        raise _expected("`host:port` or an http:// or https:// URL with a host")
+    # The same check as RolloutMonitor.add_endpoints(), so both accept the same endpoints.
+    from otel_rl.ray.discovery import endpoint_problem
+
+    problem = endpoint_problem(value)
+    if problem is not None:
+        raise _expected(problem.removeprefix("expected "))
     return value
 
 
@@ -210,6 +203,11 @@ class RolloutMonitoringSection(Section):
         "keep the endpoints in this Prometheus `file_sd` file, labelled with the run id "
         "(for a collector or Prometheus)",
         shown_type="path",
+    )
+    source: Literal["http", "ray"] = _field(
+        "http",
+        "`ray`: also read vLLM engines that forward their metrics to Ray "
+        "(`RayPrometheusStatLogger`) from every Ray node's metrics page, no URLs needed",
     )
 
 

@@ -454,7 +454,8 @@ class Logger:
 
     def _build_rollout_monitor(self, section: Mapping[str, Any]) -> Any:
         enabled = section["enabled"]
-        if not (section["endpoints"] if enabled is None else enabled):
+        wanted = section["endpoints"] or section.get("source") == "ray"
+        if not (wanted if enabled is None else enabled):
             return None
         from otel_rl.rollout import RolloutMonitor
 

@@ -220,6 +220,7 @@ def test_new_sections_defaults_and_values():
         "per_engine": True,
         "enabled": None,
         "sd_file": None,
+        "source": "http",
     }
     assert resolve_config({})["redaction"] == {"extra_patterns": []}
 

@@ -28,6 +28,39 @@ class NodeTarget:
     host: str
 
 
+#: What an endpoint may be, in the words of every error that refuses one.
+ENDPOINT_FORMS = "`host:port` or an http:// or https:// URL with a host"
+
+
+def endpoint_problem(value: object) -> str | None:
+    """Why ``value`` is not an engine endpoint (``None`` when it is one): a string, either
+    ``host:port`` or an http(s) URL with a host. The config's ``rollout_monitoring.endpoints``
+    and ``RolloutMonitor.add_endpoints()`` both decide with this."""
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__}"
+    text = value.strip()
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    try:
+        port = parts.port
+    except ValueError:  # not a number from 0 to 65535
+        return "expected " + ENDPOINT_FORMS
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "expected " + ENDPOINT_FORMS
+    if "://" not in text and port is None:  # a bare host needs its port
+        return "expected " + ENDPOINT_FORMS
+    return None
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` with any ``user:password@`` replaced by ``***@``: how an endpoint is shown in
+    log lines and errors."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if "@" not in parts.netloc:
+        return url
+    shown = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
+    return shown if "://" in url else shown.split("://", 1)[1]
+
+
 def endpoint_targets(endpoints: Iterable[str]) -> list[NodeTarget]:
     """Targets for a static list; ``host:port`` and URLs without a path get ``/metrics``."""
     targets = []

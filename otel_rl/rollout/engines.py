@@ -16,12 +16,19 @@ source names per engine kind come from the engines' own metric definitions:
 
 Where a name changed between releases the roles list the alternatives, newest first; the first
 one present on the page is used.
+
+vLLM engines inside Ray actors can forward the same series to Ray instead
+(``vllm.v1.metrics.ray_wrappers.RayPrometheusStatLogger``); :func:`parse_ray_node_page` reads them
+from a Ray node's metrics page, where each is renamed ``ray_`` + the vLLM name with every character
+outside ``[A-Za-z0-9_]`` turned into ``_`` (``vllm:num_requests_running`` becomes
+``ray_vllm_num_requests_running``) and tagged with the recording process's ``WorkerId``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 #: Engine kinds a page can be recognised as (``auto`` picks one of these per page).
@@ -94,9 +101,7 @@ SOURCES: dict[str, tuple[dict[str, tuple[str, ...]], ...]] = {
 
 #: Roles each kind is expected to have: a page lacking one gets a warning (an older engine).
 EXPECTED_ROLES: dict[str, frozenset[str]] = {
-    "vllm-v1": frozenset(
-        {*_VLLM_COUNTERS, "running", "waiting", "kv_usage", *_VLLM_HISTOGRAMS}
-    ),
+    "vllm-v1": frozenset({*_VLLM_COUNTERS, "running", "waiting", "kv_usage", *_VLLM_HISTOGRAMS}),
     "vllm-v0": frozenset(
         {"gen_tokens", "prompt_tokens", "requests_finished", "preemptions", "running", "waiting"}
         | {"kv_usage", *_VLLM_HISTOGRAMS}
@@ -197,30 +202,117 @@ def parse_engine_page(text: str, engine: str = "auto") -> dict[str | None, Engin
     # leaves ~70, and label parsing dominates the cost of a round.
     keep = wanted_names | {n + "_bucket" for n in hist_names}
     picked = "\n".join(line for name, line in lines if name in keep) + "\n"
-    samples = [s for f in text_string_to_metric_families(picked) for s in f.samples]
+    samples = [
+        (s.name, s.labels, s.value) for f in text_string_to_metric_families(picked)
+        for s in f.samples
+    ]  # fmt: skip
 
+    def key_of(labels: Mapping[str, str]) -> str | None:
+        return labels.get("engine") if kind == "vllm-v1" else None
+
+    result = _engine_samples(kind, samples, key_of)
+    if not result:
+        raise NotAnEnginePage(f"no {kind} series the rollout rows use on the page")
+    return result
+
+
+def ray_series_name(name: str) -> str:
+    """The name a vLLM series gets on a Ray node's page when vLLM's Ray stat logger forwards it:
+    the logger replaces what OpenTelemetry refuses in a name (``:``) by ``_`` and Ray prefixes
+    ``ray_``; a counter keeps its ``_total``."""
+    return "ray_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def _ray_names() -> dict[str, str]:
+    """Ray-forwarded name -> vLLM name, for every series the rows use (histograms by their
+    ``_bucket`` series). Ray releases before its OpenTelemetry recorder exported a counter
+    without the ``_total`` suffix; both spellings are read."""
+    counters, gauges, histograms = SOURCES["vllm-v1"]
+    names: dict[str, str] = {}
+    for table in (counters, gauges):
+        for alternatives in table.values():
+            for name in alternatives:
+                names[ray_series_name(name)] = name
+                if table is counters and name.endswith("_total"):
+                    names[ray_series_name(name[: -len("_total")])] = name
+    for alternatives in histograms.values():
+        for name in alternatives:
+            names[ray_series_name(name) + "_bucket"] = name + "_bucket"
+    return names
+
+
+_RAY_NAMES = _ray_names()
+
+
+def ray_engine_key(labels: Mapping[str, str]) -> str:
+    """Which engine a Ray-forwarded series belongs to on one node: the Ray worker process that
+    recorded it (``WorkerId``; an actor restarted by Ray gets a new one), vLLM's own ``engine``
+    label (several engines behind one ``AsyncLLM`` with data parallelism), and Ray Serve's
+    ``ReplicaId`` when set."""
+    parts = [f"worker={labels.get('WorkerId', '')[:12]}", f"engine={labels.get('engine', '')}"]
+    if labels.get("ReplicaId"):
+        parts.append(f"replica={labels['ReplicaId']}")
+    return " ".join(parts)
+
+
+def parse_ray_node_page(text: str) -> dict[str, EngineSample]:
+    """The vLLM engines whose metrics a Ray node's ``/metrics`` page carries, keyed by
+    :func:`ray_engine_key`; ``{}`` when it carries none (a node without engines, or engines
+    without the Ray stat logger). Raises ``ValueError`` when the page is not Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    picked = []
+    for line in text.splitlines():
+        if not line.startswith("ray_vllm"):
+            continue
+        cut = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=len(line))
+        if line[:cut] in _RAY_NAMES:
+            picked.append(line)
+    if not picked:
+        return {}
+    samples = [
+        (_RAY_NAMES[s.name], s.labels, s.value)
+        for f in text_string_to_metric_families("\n".join(picked) + "\n")
+        for s in f.samples
+        if s.name in _RAY_NAMES
+    ]
+    return {
+        str(key): sample
+        for key, sample in _engine_samples("vllm-v1", samples, ray_engine_key).items()
+    }
+
+
+def _engine_samples(
+    kind: str,
+    samples: Iterable[tuple[str, Mapping[str, str], float]],
+    key_of: Callable[[Mapping[str, str]], str | None],
+) -> dict[str | None, EngineSample]:
+    """``(name, labels, value)`` samples of ``kind``'s series, summed per engine key into
+    one :class:`EngineSample` per engine."""
+    counters, gauges, histograms = SOURCES[kind]
+    wanted_names = {n for table in (counters, gauges) for names in table.values() for n in names}
+    hist_names = {n for names in histograms.values() for n in names}
     # name -> engine key -> summed value (counters/gauges) or le -> summed cumulative count.
     scalar: dict[str, dict[str | None, float]] = {}
     buckets: dict[str, dict[str | None, dict[float, float]]] = {}
     order: list[str | None] = []
-    for s in samples:
-        labels = s.labels
-        key = labels.get("engine") if kind == "vllm-v1" else None
+    for name, labels, value in samples:
+        key = key_of(labels)
         if kind == "sglang" and (
             labels.get("tp_rank", "0") != "0" or labels.get("pp_rank", "0") != "0"
         ):
             continue  # other TP/PP ranks repeat or split rank 0's view; see docs
-        if s.name in wanted_names:
-            if not _finite(s.value):
+        if name in wanted_names:
+            if not _finite(value):
                 continue
-            per = scalar.setdefault(s.name, {})
-            per[key] = per.get(key, 0.0) + float(s.value)
-        elif s.name.endswith("_bucket") and s.name[: -len("_bucket")] in hist_names:
+            per = scalar.setdefault(name, {})
+            per[key] = per.get(key, 0.0) + float(value)
+        elif name.endswith("_bucket") and name[: -len("_bucket")] in hist_names:
             le = _le(labels.get("le"))
-            if le is None or not _finite(s.value, allow_inf=False):
+            if le is None or not _finite(value, allow_inf=False):
                 continue
-            per_engine = buckets.setdefault(s.name[: -len("_bucket")], {}).setdefault(key, {})
-            per_engine[le] = per_engine.get(le, 0.0) + float(s.value)
+            per_engine = buckets.setdefault(name[: -len("_bucket")], {}).setdefault(key, {})
+            per_engine[le] = per_engine.get(le, 0.0) + float(value)
         else:
             continue
         if key not in order:
@@ -246,8 +338,6 @@ def parse_engine_page(text: str, engine: str = "auto") -> dict[str | None, Engin
                     sample.sources[role] = name
                     break
         result[key] = sample
-    if not result:
-        raise NotAnEnginePage(f"no {kind} series the rollout rows use on the page")
     return result
 
 

@@ -17,6 +17,15 @@ the mark, and it also opens the next step, so consecutive steps share a bracket 
 is counted twice or lost. Several marks closed by the same round (steps shorter than the
 collection interval) give one set of rows, to the latest of them; the earlier ones get none
 (``stats["steps_without_scrape"]``).
+
+Engines without a URL (``source="ray"``): vLLM engines inside Ray actors that forward their
+metrics to Ray (``RayPrometheusStatLogger``) show up on their node's Ray metrics page. Every round
+then also lists the alive Ray nodes (as the GPU bridge does) and reads each node's page as a set
+of engines, one per recording worker process (:func:`otel_rl.rollout.engines.parse_ray_node_page`).
+
+Credentials: an endpoint may carry ``user:password@``; aiohttp sends it as Basic auth. Log lines
+show the endpoint as ``***@host``, and the ``file_sd`` file lists ``host:port`` only (the
+collector's scrape job holds the credentials; docs/security.md).
 """
 
 from __future__ import annotations
@@ -36,7 +45,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from otel_rl.fork_safe_log import log as _log
-from otel_rl.ray.discovery import endpoint_targets
+from otel_rl.ray.discovery import (
+    DiscoveryError,
+    NodeTarget,
+    endpoint_problem,
+    endpoint_targets,
+    ray_targets,
+    without_userinfo,
+)
 from otel_rl.ray.http_fetch import FetchError, fetch_text, import_aiohttp, new_session
 from otel_rl.ray.scraper import next_slot
 from otel_rl.rollout.engines import (
@@ -45,10 +61,14 @@ from otel_rl.rollout.engines import (
     EngineSample,
     NotAnEnginePage,
     parse_engine_page,
+    parse_ray_node_page,
 )
 from otel_rl.rollout.rows import EngineStep, EngineWindow, combine, engine_rows, prefixed
 
 Emit = Callable[[int, dict[str, float]], None]
+
+#: Accepted values of ``rollout_monitoring.source``.
+SOURCE_CHOICES = ("http", "ray")
 
 #: Rows a role feeds, for the "missing metric" warning.
 _ROLE_ROWS = {
@@ -71,8 +91,10 @@ class EngineInfo:
     """An engine the monitor has seen: its id in ``rollout/engine.<id>.…``."""
 
     id: int
-    url: str
-    label: str | None  # vLLM's ``engine`` label when one server fronts several engines
+    url: str  # without credentials
+    #: vLLM's ``engine`` label when one server fronts several engines; for an engine read from
+    #: a Ray node's page, ``worker=<WorkerId prefix> engine=<engine>``
+    label: str | None
     kind: str
 
 
@@ -81,7 +103,9 @@ class RolloutMonitor:
 
     ``emit(step, values)`` is called on the monitor's thread, in step order, with the rows of
     ``docs/rollout-monitoring.md``; it must not block for long (hand the values to a queue).
-    ``engine`` is ``auto``, ``vllm``, ``vllm-v1``, ``vllm-v0`` or ``sglang``. ``clock`` stamps
+    ``engine`` is ``auto``, ``vllm``, ``vllm-v1``, ``vllm-v0`` or ``sglang``. ``source="ray"``
+    also reads the vLLM engines forwarded to Ray from every alive node of the Ray cluster this
+    process is connected to (see the module's docstring). ``clock`` stamps
     marks and scrapes (monotonic seconds); it exists so tests can give exact intervals.
     Construction starts the thread (``start=False`` to call :meth:`start` later) and raises
     ``ImportError`` with the pip command when aiohttp is missing.
@@ -97,9 +121,15 @@ class RolloutMonitor:
         timeout: float = 5.0,
         max_concurrency: int = 256,
         per_engine: bool = True,
+        source: str = "http",
         clock: Callable[[], float] = time.monotonic,
         start: bool = True,
     ) -> None:
+        if source not in SOURCE_CHOICES:
+            raise ValueError(
+                f"rollout_monitoring.source must be one of {', '.join(SOURCE_CHOICES)}, "
+                f"not {source!r}"
+            )
         if engine not in ENGINE_CHOICES:
             raise ValueError(
                 f"rollout_monitoring.engine must be one of {', '.join(ENGINE_CHOICES)}, "
@@ -115,6 +145,7 @@ class RolloutMonitor:
         self.timeout = float(timeout)
         self.max_concurrency = max(1, int(max_concurrency))
         self.per_engine = per_engine
+        self.source = source
         self.stats: dict[str, Any] = {
             "rounds": 0,
             "scrape_errors": 0,
@@ -128,6 +159,8 @@ class RolloutMonitor:
         self._clock = clock
         self._endpoints: list[str] = []
         self._endpoint_lock = threading.Lock()
+        self._ray_nodes: list[NodeTarget] = []
+        self._credentials: set[str] = set()  # user-info strings never to be shown
         self._sd_file: tuple[str | os.PathLike[str], dict[str, str] | None] | None = None
         self._sd_lock = threading.Lock()
         self._engines: dict[tuple[str, str | None], EngineInfo] = {}
@@ -154,7 +187,7 @@ class RolloutMonitor:
         """Build from a ``rollout_monitoring`` config section."""
         known = {
             "endpoints", "collection_interval", "engine", "timeout", "per_engine", "enabled",
-            "sd_file",
+            "sd_file", "source",
         }  # fmt: skip
         unknown = set(section) - known
         if unknown:
@@ -166,16 +199,31 @@ class RolloutMonitor:
             engine=str(section.get("engine", "auto")),
             timeout=float(section.get("timeout", 5.0)),
             per_engine=bool(section.get("per_engine", True)),
+            source=str(section.get("source", "http")),
         )
 
     # ---- public API (any thread) --------------------------------------------------------------
 
     def add_endpoints(self, endpoints: Iterable[str] | str) -> list[str]:
-        """Scrape these endpoints too from the next round on (``host:port`` or URLs; a URL
-        without a path gets ``/metrics``). Returns the URLs; ones already known are ignored."""
+        """Scrape these endpoints too from the next round on (``host:port`` or http(s) URLs; a
+        URL without a path gets ``/metrics``). Returns the URLs; ones already known are ignored.
+
+        Each endpoint is checked as the config's ``rollout_monitoring.endpoints`` are (one
+        function decides for both); a bad one raises ``ValueError`` naming it (without its
+        credentials) and none of the given endpoints is added."""
         if isinstance(endpoints, str):
             endpoints = [endpoints]
-        urls = [t.url for t in endpoint_targets(endpoints)]  # ValueError on a bad endpoint
+        endpoints = list(endpoints)
+        for raw in endpoints:
+            problem = endpoint_problem(raw)
+            if problem is not None:
+                shown = without_userinfo(raw) if isinstance(raw, str) else raw
+                raise ValueError(f"rollout monitoring: not an endpoint URL: {shown!r}: {problem}")
+        urls = [t.url for t in endpoint_targets(endpoints)]
+        for url in urls:
+            userinfo = urlsplit(url).netloc.rpartition("@")[0]
+            if userinfo:
+                self._credentials.update({userinfo, userinfo.partition(":")[2]} - {""})
         with self._endpoint_lock:
             for url in urls:
                 if url not in self._endpoints:
@@ -268,12 +316,24 @@ class RolloutMonitor:
         """Write the endpoints as a Prometheus ``file_sd`` target list (atomically, so a reader
         never sees half a file), for an OTel Collector's prometheus receiver. ``labels`` are
         added to every target (e.g. ``{"otel_rl_run_id": run_id}``, which the dashboard's
-        rollout row filters on); see docs/rollout-monitoring.md."""
+        rollout row filters on); see docs/rollout-monitoring.md. Targets are ``host:port``: an
+        endpoint's ``user:password@`` is never written (one warning names the endpoint without
+        it)."""
         extra = {str(k): str(v) for k, v in (labels or {}).items()}
         groups: dict[tuple[str, str], list[str]] = {}
         for url in self.endpoints:
             parts = urlsplit(url)
-            groups.setdefault((parts.scheme, parts.path or "/metrics"), []).append(parts.netloc)
+            # A target is host:port; credentials have no place in a file_sd file and stay out of
+            # it (the collector's scrape job gives them: docs/security.md).
+            netloc = parts.netloc.rpartition("@")[2]
+            if netloc != parts.netloc and ("sd_credentials", url) not in self._warned:
+                self._warned.add(("sd_credentials", url))
+                _log.warning(
+                    "otel-rl: rollout monitoring: %s carries credentials; the file_sd file lists "
+                    "it as %s without them, so give the collector's scrape job its basic_auth "
+                    "(docs/security.md)", without_userinfo(url), netloc,
+                )  # fmt: skip
+            groups.setdefault((parts.scheme, parts.path or "/metrics"), []).append(netloc)
         content = [
             {
                 "targets": targets,
@@ -345,6 +405,10 @@ class RolloutMonitor:
         started = time.monotonic()
         round_at = self._clock()
         urls = self.endpoints
+        node_urls: set[str] = set()
+        if self.source == "ray":
+            node_urls = {t.url for t in self._refresh_ray_nodes()} - set(urls)
+            urls = urls + sorted(node_urls)
         gate = asyncio.Semaphore(self.max_concurrency)
 
         async def one(url: str) -> tuple[str, float, Any]:
@@ -358,16 +422,22 @@ class RolloutMonitor:
         fetched = await asyncio.gather(*(one(u) for u in urls))
         # Parsing waits until every response is in: done inside the fetches it would hold the
         # loop, and the deadlines of the requests still in flight would run out meanwhile.
-        results = [(url, at, _parse(got, self.engine)) for url, at, got in fetched]
+        results = [
+            (url, at, _parse(got, "ray" if url in node_urls else self.engine))
+            for url, at, got in fetched
+        ]
         totals: dict[str, float] = {}
         for url, at, outcome in results:  # endpoint order: engine ids in order of first appearance
+            shown = without_userinfo(url)
             if isinstance(outcome, BaseException):
                 self.stats["scrape_errors"] += 1
+                what = "Ray node " if url in node_urls else ""
                 self._note(f"endpoint:{url}", _kind(outcome),
-                           f"rollout monitoring: {url}: {_describe(outcome, self.timeout)}; "
-                           "its rows are left out until it answers")  # fmt: skip
+                           f"rollout monitoring: {what}{shown}: "
+                           f"{_describe(outcome, self.timeout)}; its rows are left out until "
+                           "it answers")  # fmt: skip
                 continue
-            self._note(f"endpoint:{url}", "ok", f"rollout monitoring: {url} answers again")
+            self._note(f"endpoint:{url}", "ok", f"rollout monitoring: {shown} answers again")
             for label, sample in outcome.items():
                 info = self._engine(url, label, sample.kind)
                 self._check_roles(info, sample)
@@ -377,7 +447,7 @@ class RolloutMonitor:
                     _log.warning(
                         "otel-rl: rollout monitoring: engine %d (%s) restarted (%s went back); "
                         "counting its counters from zero",
-                        info.id, url, ", ".join(back[:3]),
+                        info.id, info.url, ", ".join(back[:3]),
                     )  # fmt: skip
                 for role in ("running", "waiting"):
                     if role in sample.gauges:
@@ -395,11 +465,24 @@ class RolloutMonitor:
         info = self._engines.get(key)
         if info is None or info.kind != kind:
             number = info.id if info is not None else len(self._engines)
-            info = self._engines[key] = EngineInfo(number, url, label, kind)
+            info = self._engines[key] = EngineInfo(number, without_userinfo(url), label, kind)
             self._windows.setdefault(number, EngineWindow())
-            _log.info("otel-rl: rollout monitoring: engine %d = %s%s (%s)", number, url,
-                      f" engine={label}" if label is not None else "", kind)  # fmt: skip
+            detail = "" if label is None else f" {label}" if "=" in label else f" engine={label}"
+            _log.info("otel-rl: rollout monitoring: engine %d = %s%s (%s)", number, info.url,
+                      detail, kind)  # fmt: skip
         return info
+
+    def _refresh_ray_nodes(self) -> list[NodeTarget]:
+        """The alive Ray nodes' metrics endpoints; the previous list when Ray cannot say."""
+        try:
+            self._ray_nodes = ray_targets()
+        except DiscoveryError as exc:
+            self._note("ray-discovery", "failed",
+                       f"rollout monitoring (source: ray): {exc}; engines forwarded to Ray are "
+                       "left out until it answers")  # fmt: skip
+        else:
+            self._note("ray-discovery", "ok", "rollout monitoring: Ray's node list answers again")
+        return self._ray_nodes
 
     def _check_roles(self, info: EngineInfo, sample: EngineSample) -> None:
         missing = EXPECTED_ROLES[sample.kind] - sample.roles()
@@ -447,7 +530,13 @@ class RolloutMonitor:
         self._states[key] = state
         if previous == state or (previous is None and state == "ok"):
             return
-        (_log.info if state == "ok" else _log.warning)("otel-rl: %s", message)
+        (_log.info if state == "ok" else _log.warning)("otel-rl: %s", self._scrubbed(message))
+
+    def _scrubbed(self, text: str) -> str:
+        """``text`` without any endpoint's credentials, wherever an error message quoted them."""
+        for secret in sorted(self._credentials, key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
 
     def wait_rounds(self, count: int, timeout: float = 10.0) -> bool:
         """Block until at least ``count`` rounds have completed (for tests and tools)."""
@@ -456,9 +545,14 @@ class RolloutMonitor:
 
 
 def _parse(got: str | BaseException, engine: str) -> dict[str | None, EngineSample] | Exception:
+    """The engines on a fetched page (``engine="ray"``: a Ray node's page), or the error."""
     if isinstance(got, BaseException):
         return got if isinstance(got, Exception) else RuntimeError(repr(got))
     try:
+        if engine == "ray":
+            engines: dict[str | None, EngineSample] = {}
+            engines.update(parse_ray_node_page(got))
+            return engines
         return parse_engine_page(got, engine)
     except Exception as exc:  # malformed text, not an engine page
         return exc
