@@ -23,12 +23,27 @@ SG_EXP = json.loads((FIXTURES / "sglang-expected.json").read_text())
 class PageServer:
     """Serves ``self.page`` at /metrics on 127.0.0.1 (Prometheus text format 0.0.4)."""
 
-    def __init__(self, page: str = "") -> None:
+    def __init__(self, page: str = "", basic_auth: tuple[str, str] | None = None) -> None:
         self.page = page
+        #: With ``basic_auth``, a GET without exactly these credentials gets 401.
+        self.basic_auth = basic_auth
+        self.authorizations: list[str | None] = []
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                given = self.headers.get("Authorization")
+                owner.authorizations.append(given)
+                if owner.basic_auth is not None:
+                    import base64
+
+                    token = base64.b64encode(":".join(owner.basic_auth).encode()).decode()
+                    if given != f"Basic {token}":
+                        self.send_response(401)
+                        self.send_header("WWW-Authenticate", 'Basic realm="metrics"')
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                 body = owner.page.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
