@@ -29,7 +29,7 @@ from opentelemetry.sdk.metrics.export import (
 from otel_rl.exporters.step_order import StepOrder
 
 from otel_rl.delivery import Delivery, ExportOptions
-from otel_rl.failures import Failure, RowRejected, classify
+from otel_rl.failures import Failure, RowRejected, classify, describe_losses, losses
 from otel_rl.fork_safe_log import log as _log
 from otel_rl.records import Record, RowValue, StepBatch, TableRows, scoped_metrics
 from otel_rl.redaction import Patterns, redact_init_kwargs
@@ -196,10 +196,11 @@ class TrackerExporter(MetricExporter):
         before each write. Return ``None`` (the default) if the tracker cannot tell."""
         return None
 
-    def holds_since(self, position: Any) -> bool:
-        """``otel-rl replay``: whether a write that started at ``position`` reached the tracker
-        (the process was killed before marking it done). Implement it together with
-        :meth:`write_position`, and only where a write of a batch is all or nothing."""
+    def holds_since(self, position: Any, records: int | None = None) -> bool:
+        """``otel-rl replay``: whether a write of ``records`` records (``None``: not noted) that
+        started at ``position`` reached the tracker whole (the process was killed before marking
+        it done). Implement it together with :meth:`write_position`. A kill can cut even one
+        write call short, so count what the output holds after ``position``."""
         return False
 
     def classify_error(self, exc: BaseException, phase: str) -> Failure:
@@ -226,6 +227,11 @@ class TrackerExporter(MetricExporter):
     def pending(self) -> int:
         """Records submitted and not yet delivered."""
         return self._delivery.pending if self._delivery is not None else 0
+
+    @property
+    def lost(self) -> dict[str, int]:
+        """Records lost for good, by reason (``otel_rl.failures.LOSS_REASONS``)."""
+        return losses(self.stats)
 
     @property
     def failure(self) -> Failure | None:
@@ -269,6 +275,12 @@ class TrackerExporter(MetricExporter):
             self._write_spool_meta(exit_code=exit_code)
         if left:
             _log.warning("otel-rl: %s", self._undelivered_message(left, timeout_millis / 1000))
+        lost = self.lost
+        if lost:
+            _log.warning(
+                "otel-rl: %s: %d record(s) lost for good in this run: %s (docs/reliability.md, "
+                "Losses)", self.name, sum(lost.values()), describe_losses(lost),
+            )  # fmt: skip
 
     def _undelivered_message(self, left: int, timeout: float) -> str:
         assert self._delivery is not None

@@ -108,12 +108,18 @@ class JsonlExporter(TrackerExporter):
     def write_position(self) -> Any:
         return self.path.stat().st_size if self.path.exists() else 0
 
-    def holds_since(self, position: Any) -> bool:
-        # Batches are written whole (above): a file longer than before holds the batch.
+    def holds_since(self, position: Any, records: int | None = None) -> bool:
+        # One line per batch, written in one call; a kill may still cut that call short (the
+        # torn tail is cut at open and the batch sent again whole).
         try:
-            return self.path.stat().st_size > int(position)
+            with self.path.open("rb") as f:
+                f.seek(int(position))
+                tail = f.read()
         except (OSError, TypeError, ValueError):
             return False
+        if not tail.endswith(b"\n"):
+            return False
+        return records is None or tail.count(b"\n") >= records
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         path = self.path.with_name("hyperparams.json")

@@ -93,12 +93,18 @@ class TensorBoardExporter(TrackerExporter):
         self._file.flush()
         return {"file": Path(self._file.name).name, "size": self._file.tell()}
 
-    def holds_since(self, position: Any) -> bool:
+    def holds_since(self, position: Any, records: int | None = None) -> bool:
+        # An event per batch (after any hyperparameter records), written in one call that a
+        # kill may still cut short: count the whole records after the position.
         try:
             path = self.log_dir / str(position["file"])
-            return path.is_file() and path.stat().st_size > int(position["size"])
+            with path.open("rb") as f:
+                f.seek(int(position["size"]))
+                tail = f.read()
         except (KeyError, TypeError, ValueError, OSError):
             return False
+        whole, count = _whole_records(tail)
+        return whole and count > 0 and (records is None or count >= records)
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         changed = any(k not in self._hparams or self._hparams[k] != v for k, v in params.items())
@@ -214,3 +220,18 @@ def _crc32c() -> Any:
         return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
     return masked
+
+
+def _whole_records(data: bytes) -> tuple[bool, int]:
+    """Whether ``data`` is a sequence of whole TFRecord frames (length, crc, data, crc), and
+    how many."""
+    count = position = 0
+    while position < len(data):
+        if position + 12 > len(data):
+            return False, count
+        (length,) = struct.unpack_from("<Q", data, position)
+        position += 12 + length + 4
+        if position > len(data):
+            return False, count
+        count += 1
+    return True, count

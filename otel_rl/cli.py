@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 DESCRIPTION = (
     "otel-rl: one OpenTelemetry pipeline from an RL training loop to every experiment tracker."
@@ -111,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=non_negative_float, default=300.0,
         help="seconds to wait per tracker (default 300)",
     )  # fmt: skip
+    replay.add_argument(
+        "--wait", type=non_negative_float, default=0.0,
+        help="seconds to wait for a spool in use by the live run or another replay (default 0: "
+        "say who holds it and go on; exit 75 if that was all that was left)",
+    )  # fmt: skip
     replay.set_defaults(run=_replay)
 
     from otel_rl.ray import monitor_cli
@@ -134,13 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from otel_rl.replay import run
 
-    return run(args.log_dir, progress=not args.no_progress, timeout=args.timeout)
+    return run(args.log_dir, progress=not args.no_progress, timeout=args.timeout, wait=args.wait)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from otel_rl.demo import run_demo
+    from otel_rl.lifecycle import signal_of
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    started: list[Path] = []
     try:
         summary = run_demo(
             steps=args.steps,
@@ -150,10 +159,18 @@ def _demo(args: argparse.Namespace) -> int:
             otlp_endpoint=args.otlp_endpoint,
             step_seconds=args.step_seconds,
             hold=args.hold,
+            on_start=started.append,
         )
     except ValueError as exc:
         print(f"otel-rl demo: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return _demo_stopped(signal.SIGINT, started)
+    except SystemExit as exc:
+        signum = signal_of(exc)
+        if signum is None:
+            raise
+        return _demo_stopped(signum, started)
     print(f"\nRan {summary['steps']} simulated GRPO steps. This run is in {summary['log_dir']}/:")
     if "jsonl" in backends:
         print(f"  metrics (JSONL):  {summary['jsonl']}")
@@ -165,6 +182,15 @@ def _demo(args: argparse.Namespace) -> int:
     if summary.get("otlp"):
         print(f"  OTLP:             pushed to {summary['otlp']}")
     return 0
+
+
+def _demo_stopped(signum: int, started: list[Path]) -> int:
+    """Ctrl-C or SIGTERM: the demo's trackers are closed by now (the Logger's ``with`` block
+    ends the run with the signal's code); one line instead of a traceback into our loop."""
+    name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+    where = f"the steps logged so far are in {started[0]}" if started else "before the run began"
+    print(f"otel-rl demo: stopped by {name}; {where}", file=sys.stderr)
+    return 128 + signum
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ and ``import otel_rl`` stays light.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,10 @@ def load_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> di
     """Return the user's raw config from a mapping, a YAML file path, or ``None``.
 
     A YAML file may hold the logger config at its top level or under a ``logger:`` key (as in
-    NeMo RL's experiment files).
+    NeMo RL's experiment files). Numbers with an exponent and no dot (``5e-1``, ``1e3``) are
+    numbers, as in YAML 1.2 (PyYAML's YAML 1.1 would read them as strings); a quoted value is a
+    string. A file that cannot be read or parsed is a :class:`ConfigError` naming the file and,
+    for a syntax error, the line and column.
     """
     if source is None:
         return {}
@@ -42,17 +47,82 @@ def load_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> di
             f"{type(source).__name__}"
         )
     path = Path(source)
-    if not path.is_file():
-        raise ConfigError(f"logger config file not found: {path}")
-    import yaml
-
-    with path.open() as f:
-        data = yaml.safe_load(f) or {}
+    data = _parse_yaml(path, _read(path))
+    if data is None:
+        data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     if "logger" in data and isinstance(data["logger"], Mapping):
         data = data["logger"]
     return dict(data)
+
+
+def _read(path: Path) -> bytes:
+    if path.is_dir():
+        raise ConfigError(f"logger config file {path} is a directory; give the path of a YAML file")
+    if not path.exists():
+        raise ConfigError(f"logger config file not found: {path}")
+    if not path.is_file():  # a FIFO or a device would block or never end
+        raise ConfigError(f"logger config file {path} is not a regular file")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read logger config file {path}: {exc.strerror or exc}") from None
+
+
+def _parse_yaml(path: Path, data: bytes) -> Any:
+    import yaml
+
+    # Bytes, not text: PyYAML then reads UTF-8 (or UTF-16 with a BOM) as YAML requires, whatever
+    # the locale's encoding.
+    try:
+        return yaml.load(data, Loader=_config_loader())  # a SafeLoader: no arbitrary objects
+    except yaml.MarkedYAMLError as exc:
+        raise ConfigError(_syntax_error(path, exc)) from None
+    except yaml.reader.ReaderError as exc:
+        if exc.encoding == "unicode":
+            what = f"character #x{exc.character:04x} is not allowed in YAML"
+        else:
+            what = f"not {exc.encoding.upper()} text ({exc.reason}); save the file as UTF-8"
+        raise ConfigError(f"logger config file {path}, byte {exc.position}: {what}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"logger config file {path}: {' '.join(str(exc).split())}") from None
+
+
+def _syntax_error(path: Path, exc: Any) -> str:
+    """``logger config file <path>, line L, column C: <problem>`` (1-based, as editors count)."""
+    mark = exc.problem_mark or exc.context_mark
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = exc.problem or exc.context or "invalid YAML"
+    if "'\\t'" in problem:  # PyYAML's words for it do not say what to do
+        return f"logger config file {path}{where}: a tab; YAML indents with spaces only"
+    if exc.context and exc.problem:
+        context = exc.context
+        if exc.context_mark is not None and exc.context_mark is not mark:
+            line, column = exc.context_mark.line + 1, exc.context_mark.column + 1
+            context += f" that starts at line {line}, column {column}"
+        problem += f" ({context})"
+    return f"logger config file {path}{where}: {problem}"
+
+
+# YAML 1.2 reads 5e-1, 1e3, 1.5e3 and .5e1 as numbers; YAML 1.1 (PyYAML) wants a dot and a
+# signed exponent, and makes them strings, which a number key then refuses. Added to PyYAML's
+# own float resolvers (the ones with a dot stay as they are), for plain scalars only: a quoted
+# "5e-1" is still a string.
+_EXPONENT_FLOAT = r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"
+
+
+@functools.cache
+def _config_loader() -> type:
+    import yaml
+
+    class ConfigLoader(yaml.SafeLoader):
+        """PyYAML's safe loader, with YAML 1.2's numbers that have an exponent."""
+
+    ConfigLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+0123456789.")
+    )
+    return ConfigLoader
 
 
 def resolve_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:

@@ -16,8 +16,9 @@ building these models about 0.2 s, once per process (a dataclass tree of the sam
 0.05 s); validating a config then takes about 0.5 ms with either. Training processes that run
 Ray, vLLM, W&B or MLflow have pydantic loaded already, which leaves only the build.
 
-Conventions: ints are accepted where floats are expected (``10`` seconds); a section given as
-``null`` keeps its defaults; a list may be given as a tuple.
+Conventions: ints are accepted where floats are expected (``10`` seconds); no number may be
+``inf`` or ``nan``; a section given as ``null`` keeps its defaults; a list may be given as a
+tuple.
 """
 
 from __future__ import annotations
@@ -115,7 +116,11 @@ def _field(
 class Section(BaseModel):
     """One mapping of the config: strict types, no unknown keys."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", validate_default=False)
+    # No inf or nan: every number here is a duration, an interval, a size or a port, and a
+    # non-finite one passes ``gt=0`` only to overflow later, on a thread or in ``finish()``.
+    model_config = ConfigDict(
+        strict=True, extra="forbid", validate_default=False, allow_inf_nan=False
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -402,6 +407,7 @@ _EXPECTED_BY_TYPE = {
     "int_from_float": "an integer",
     "float_type": "a number",
     "float_parsing": "a number",
+    "finite_number": "a finite number",
     "string_type": "a string",
     "dict_type": "a mapping",
     "model_type": "a mapping",

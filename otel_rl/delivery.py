@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_rl.failures import Failure
+from otel_rl.failures import Failure, count_loss
 from otel_rl.fork_safe_log import log as _log
 from otel_rl.records import StepBatch
 from otel_rl.spool import Spool
@@ -184,13 +184,14 @@ class Delivery:
             self._closed = True
             self._cond.notify_all()
             if self._feed is None:
+                count_loss(self.stats, "exit_timeout", len(self._queue))
                 return len(self._queue)
             return self._feed.undelivered_locked()
 
     def _enqueue_locked(self, seq: int | None, record: Any) -> None:
         if self.failure is not None:  # stopped: spooled records wait for replay
             if seq is None:
-                self.stats["dropped"] += 1
+                count_loss(self.stats, "tracker_stopped")
             return
         full = len(self._queue) >= self._queue_size
         if self._feed is not None and self._feed.spill_locked(
@@ -202,7 +203,7 @@ class Delivery:
                 self.stats["waits"] += 1
                 self._cond.wait()
         elif full:
-            self.stats["dropped"] += 1
+            count_loss(self.stats, "queue_full")
             self._warn_once(
                 "dropped",
                 "%s: queue full (%d records), dropping the oldest; raise export.queue_size or "
@@ -315,7 +316,7 @@ class Delivery:
     def _park_locked(self) -> None:
         """A stopped tracker: drop what is in memory (it is in the spool) and wake waiters."""
         if self._feed is None:
-            self.stats["dropped"] += len(self._queue)
+            count_loss(self.stats, "tracker_stopped", len(self._queue))
         else:
             self._feed.forget_overflow_locked()
         self._queue.clear()

@@ -6,7 +6,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,7 @@ def run_demo(
     seed: int = 0,
     step_seconds: float = 0.0,
     hold: float = 0.0,
+    on_start: Callable[[Path], object] | None = None,
 ) -> dict[str, Any]:
     """Run the simulated loop into a new run directory; returns where the results are.
 
@@ -120,7 +121,12 @@ def run_demo(
 
     ``step_seconds`` paces the loop (a live dashboard needs steps spread over scrapes);
     ``hold`` keeps ``/metrics`` served that many seconds after the last step, so a Prometheus
-    that scrapes every 15 s still sees the final values.
+    that scrapes every 15 s still sees the final values. ``on_start`` is called with the run
+    directory once the run's Logger exists, so that a caller stopped by a signal can say where
+    the steps logged so far are.
+
+    SIGINT and SIGTERM stop the loop at a safe point (``KeyboardInterrupt``,
+    ``SystemExit(143)``); the trackers are closed with 130/143 before the exception leaves.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
@@ -137,6 +143,8 @@ def run_demo(
         with contextlib.suppress(OSError):
             run_dir.rmdir()
         raise
+    if on_start is not None:
+        on_start(run_dir)
     with logger:
         logger.log_hyperparams(
             {"algorithm": "grpo", "policy": {"lr": 1e-6, "model": "demo-0.5b"}, "steps": steps}

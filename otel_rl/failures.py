@@ -34,6 +34,38 @@ _AUTH_NAMES = ("AuthenticationError", "AuthorizationError", "UnauthorizedError",
 _MLFLOW_TRANSIENT_CODES = ("INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
 
 
+#: Why a record was lost for good, one name per cause (docs/reliability.md, "Losses"). Each is
+#: counted in an exporter's ``stats["dropped.<reason>"]`` (their sum in ``stats["dropped"]``),
+#: named in the exit message and ``otel-rl replay``'s summary, and observed as
+#: ``otel_rl.exporter.dropped{tracker, reason}``.
+LOSS_REASONS = {
+    "queue_full": "dropped from a full queue (export.on_full: drop_oldest, or no spool)",
+    "refused": "refused by the tracker (set aside, never retried)",
+    "tracker_stopped": "held in memory when a permanent error stopped the tracker (no spool)",
+    "exit_timeout": "not delivered when export.shutdown_timeout ran out (no spool)",
+    "spool_vanished": "deleted or cut from the spool from outside before delivery",
+    "corrupt": "in spool lines that could not be read back (otel-rl replay)",
+}
+
+
+def count_loss(stats: dict[str, int], reason: str, n: int = 1) -> None:
+    """Count ``n`` records lost for ``reason`` (one of :data:`LOSS_REASONS`)."""
+    if n:
+        stats["dropped"] = stats.get("dropped", 0) + n
+        key = f"dropped.{reason}"
+        stats[key] = stats.get(key, 0) + n
+
+
+def losses(stats: dict[str, int]) -> dict[str, int]:
+    """``{reason: records}`` of what was lost, reasons with none left out."""
+    return {r: stats[f"dropped.{r}"] for r in LOSS_REASONS if stats.get(f"dropped.{r}")}
+
+
+def describe_losses(lost: dict[str, int]) -> str:
+    """``"3 dropped from a full queue (...), 1 refused by the tracker (...)"``."""
+    return ", ".join(f"{n} {LOSS_REASONS[reason]}" for reason, n in lost.items())
+
+
 class RowRejected(Exception):
     """Raised by a tracker write to drop a record for good (it can never succeed)."""
 

@@ -38,6 +38,7 @@ A fork waits for a line otel-rl's threads are writing to a stream the process sh
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
 import functools
 import importlib.util
@@ -59,8 +60,10 @@ _T = TypeVar("_T")
 __all__ = [
     "PATIENCE_S",
     "exit_code_hint",
+    "exit_code_now",
     "exit_code_of",
     "register",
+    "signal_of",
     "unregister",
 ]
 
@@ -78,7 +81,7 @@ _live: weakref.WeakSet[Any] = weakref.WeakSet()  # every live Logger (the fork h
 _signal_users: weakref.WeakSet[Any] = weakref.WeakSet()  # live Loggers with handle_signals
 _previous: dict[int, Any] = {}  # the handlers ours replaced
 # The exit code the process is heading for, when known.
-_exit: dict[str, int | None] = {"code": None}
+_exit: dict[str, Any] = {"code": None, "last_value_at_start": None}
 _hooks_installed = {"excepthook": False, "sys.exit": False, "unraisablehook": False}
 
 
@@ -107,7 +110,42 @@ stats = {"received": 0, "deferred": 0, "resent": 0, "raised": 0, "rearmed": 0}
 def exit_code_hint() -> int:
     """The exit code the process is heading for, as far as we can tell (0 if unknown)."""
     code = _exit["code"]
+    if code is None:
+        code = _uncaught_code()
     return 0 if code is None else int(code)
+
+
+def exit_code_now() -> int:
+    """The exit code of a run finished right now: from the exception being handled or
+    propagating (a ``finally:`` or ``except:`` block, an ``__exit__``), else from the process's
+    exit path (an uncaught exception, ``sys.exit``, a signal); 0 when all is well."""
+    exc_type, exc, _ = sys.exc_info()
+    if exc_type is not None:
+        return exit_code_of(exc_type, exc)
+    return exit_code_hint()
+
+
+def _uncaught_code() -> int | None:
+    """The code of an exception that reached the top of the main thread since a Logger started,
+    when our ``sys.excepthook`` did not see it (the application replaced it without chaining).
+
+    Python stores such an exception in ``sys.last_value`` before calling any hook. An
+    interactive session stores every error of a line there and goes on, so there it means
+    nothing; an error from before the newest Logger started is not that run's.
+    """
+    last = getattr(sys, "last_value", None)
+    if last is None or last is _exit["last_value_at_start"]:
+        return None
+    if sys.flags.interactive or hasattr(sys, "ps1") or hasattr(builtins, "get_ipython"):
+        return None
+    return exit_code_of(type(last), last)
+
+
+def signal_of(exc: BaseException) -> int | None:
+    """The signal whose handler raised ``exc`` (SIGTERM's ``SystemExit(143)``, SIGINT's
+    ``KeyboardInterrupt``) at a safe point, else ``None``: a command line tells a stop it was
+    asked for from a ``sys.exit`` of its own."""
+    return int(_raised["signum"]) if exc is _raised["exc"] else None
 
 
 def weak_atexit(target: _T, call: Callable[[_T], object]) -> Callable[[], None]:
@@ -131,7 +169,8 @@ def weak_atexit(target: _T, call: Callable[[_T], object]) -> Callable[[], None]:
 
 def exit_code_of(exc_type: Any, exc: Any) -> int:
     """The exit code a run ending with this exception gets (0 for no exception)."""
-    if exc_type is None:
+    if exc_type is None or issubclass(exc_type, GeneratorExit):
+        # GeneratorExit: the consumer of a generator stopped early, the run did not fail.
         return 0
     if issubclass(exc_type, SystemExit):
         code = exc.code if exc is not None else None
@@ -204,13 +243,15 @@ def register(logger: Any, *, handle_signals: bool) -> None:
     and SIGINT are handled here while it is live (main thread only: Python's rule)."""
     with _lock:
         _live.add(logger)
-        if not handle_signals:
-            return
-        _signal_users.add(logger)
+        _exit["last_value_at_start"] = getattr(sys, "last_value", None)
+        # The exit code hooks serve every Logger: how the run ended is not a matter of signals.
         if _pending is None:
             _exit["code"] = None  # a SystemExit caught earlier did not end the process
         _install_excepthook()
         _wrap_sys_exit()
+        if not handle_signals:
+            return
+        _signal_users.add(logger)
         _install_unraisablehook()
         if threading.current_thread() is not threading.main_thread():
             return

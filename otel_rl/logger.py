@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import math
+import os
 import threading
 import time
 import uuid
@@ -24,7 +25,7 @@ from otel_rl.fanout import Fanout
 from otel_rl.fork_safe_log import log as _log
 from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.lifecycle import exit_code_hint, exit_code_of, weak_atexit
-from otel_rl.paths import safe_relative
+from otel_rl.paths import folder_name, safe_relative
 from otel_rl.pipeline import Pipeline, build_resource
 from otel_rl.records import (
     OWN_SCOPE,
@@ -88,6 +89,7 @@ class Logger:
         classes = [exporter_class(name) for name in enabled_backends(cfg)]
         self.exporters = [cls.from_config(cfg) for cls in classes]
         self.exporters.extend(exporters)
+        self._spool_folders: set[str] = set()
         for exporter in self.exporters:  # the same export.* for every exporter, however built
             self._attach(exporter, options)
         self._fanout = Fanout(self.exporters)
@@ -346,9 +348,16 @@ class Logger:
             ok = exporter.force_flush(timeout_millis=left * 1000) and ok
         return ok
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int | None = None) -> None:
         """Send what is pending, drain every tracker (within ``export.shutdown_timeout``) and
-        close the run; ``exit_code != 0`` marks it failed in trackers that keep a status."""
+        close the run; ``exit_code != 0`` marks it failed in trackers that keep a status.
+
+        Without ``exit_code``, the run ends as the process does: called while an exception is
+        handled or propagating (``except:``, ``finally:``) it is failed (1; ``KeyboardInterrupt``
+        130, SIGTERM 143), after ``sys.exit(n)`` it gets ``n``, else it succeeded. An explicit
+        ``exit_code`` (``finish(exit_code=0)``) is taken as it is.
+        """
+        code = lifecycle.exit_code_now() if exit_code is None else int(exit_code)
         with self._lock:
             if not self._steps.close():
                 return
@@ -364,9 +373,7 @@ class Logger:
             self._router.unroute(self._pipeline.provider)
         timeout_ms = self._shutdown_timeout * 1000
         threads = [
-            threading.Thread(
-                target=_shutdown_exporter, args=(e, timeout_ms, exit_code), daemon=True
-            )
+            threading.Thread(target=_shutdown_exporter, args=(e, timeout_ms, code), daemon=True)
             for e in self.exporters
         ]
         for t in threads:
@@ -410,11 +417,19 @@ class Logger:
     def _spool_options(self, tracker: str) -> dict[str, Any]:
         if not self.config["export"]["spool"]:
             return {}
+        # Two exporters of one name (instances given twice) each get a spool of their own.
+        folder, n = folder_name(tracker), 2
+        while folder in self._spool_folders:
+            folder, n = f"{folder_name(tracker)}-{n}", n + 1
+        self._spool_folders.add(folder)
         return {
-            "spool_dir": spool_root(self.log_dir) / tracker / self.run_id,
+            # The run id names a folder of its own whatever it holds ("exp/1", "..").
+            "spool_dir": spool_root(self.log_dir) / folder / folder_name(self.run_id),
             "spool_meta": {
                 "run_id": self.run_id,
                 "log_dir": str(self.log_dir),
+                # Relative paths of the config start here (``otel-rl replay`` runs there).
+                "cwd": os.getcwd(),
                 "config": redact_nested(self.config, extra_patterns=self._redaction),
             },
         }

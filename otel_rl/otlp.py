@@ -8,21 +8,34 @@ header name. docs/outputs.md has the full table.
 
 A collector that is down costs the training thread nothing: exports run on the reader's own
 thread, each bounded by a short timeout (5 s unless set), and nothing here is ever flushed from
-the training loop.
+the training loop. It costs the log one warning, not the SDK's lines at every export: each of
+our exporters is wrapped (:class:`ExportWatch`), which reads the export's result, counts the
+failures and says once when exports start failing and once when they work again; while our
+export call runs, a filter drops what the SDK's exporter loggers say on that thread (those lines
+reach ``otel_rl``'s DEBUG level instead). Exporters the application builds itself are untouched.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
+import math
 import os
-from collections.abc import Mapping
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 
-from otel_rl.errors import ConfigError
+from otel_rl.errors import MAX_SHOWN_REASON, ConfigError, shorten
 from otel_rl.fork_safe_log import log as _log
 
 PROTOCOLS = ("http/protobuf", "grpc")
@@ -86,20 +99,50 @@ def check_otlp_config(otlp: Mapping[str, Any]) -> None:
     resolve_otlp(otlp, environ={})
 
 
-def otlp_readers(otlp: Mapping[str, Any]) -> list[PeriodicExportingMetricReader]:
-    """One periodic OTLP reader (call once per provider: a reader serves one provider)."""
-    settings = resolve_otlp(otlp)
-    exporter = build_exporter(settings)
-    # DEBUG only: the endpoint is already free of userinfo (see resolve_otlp), but where metrics
-    # go is the Logger's message to give, once.
-    _log.debug("otel-rl: OTLP metrics reader for %s (%s)", settings.endpoint, settings.protocol)
-    return [
-        PeriodicExportingMetricReader(
-            exporter,
-            export_interval_millis=settings.interval_s * 1000,
-            export_timeout_millis=settings.timeout_s * 1000,
+class OtlpOutput:
+    """The run's OTLP metric export: one watched exporter per meter provider, built (and the
+    environment checked) before anything starts; :meth:`readers` starts their threads."""
+
+    def __init__(self, otlp: Mapping[str, Any], providers: int) -> None:
+        self.settings = resolve_otlp(otlp)
+        every = f"every {self.settings.interval_s:g} s"
+        self._watches = [
+            ExportWatch("metrics", self.settings.endpoint, every, counted_in=FAILURES_SERIES)
+            for _ in range(providers)
+        ]
+        self._exporters: list[MetricExporter] = []
+        try:
+            for watch in self._watches:
+                self._exporters.append(WatchedMetricExporter(build_exporter(self.settings), watch))
+        except BaseException:
+            self.close()
+            raise
+        # DEBUG only: the endpoint is already free of userinfo (see resolve_otlp), but where
+        # metrics go is the Logger's message to give, once.
+        _log.debug(
+            "otel-rl: OTLP metrics to %s (%s)", self.settings.endpoint, self.settings.protocol
         )
-    ]
+
+    def readers(self) -> list[PeriodicExportingMetricReader]:
+        """One periodic reader per exporter (a reader serves one provider); each starts its
+        thread here and shuts its exporter down with it."""
+        return [
+            PeriodicExportingMetricReader(
+                exporter,
+                export_interval_millis=self.settings.interval_s * 1000,
+                export_timeout_millis=self.settings.timeout_s * 1000,
+            )
+            for exporter in self._exporters
+        ]
+
+    def failures(self) -> int:
+        """Exports that have failed so far, every provider's together."""
+        return sum(w.failures for w in self._watches)
+
+    def close(self) -> None:
+        """Shut the exporters down when no reader was made to do it."""
+        for exporter in self._exporters:
+            exporter.shutdown()
 
 
 def build_exporter(settings: OtlpSettings) -> Any:
@@ -243,10 +286,209 @@ def _aggregation(histogram: str | None) -> dict[type, Any] | None:
 
 
 def _positive(value: Any, what: str) -> float:
+    # float() reads "inf", "nan" and "1e999" (inf) too: refused, as the schema refuses them,
+    # since an infinite interval or timeout never exports and overflows at shutdown.
     try:
         number = float(value)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{what} must be a positive number, got {value!r}") from exc
-    if not number > 0:
-        raise ConfigError(f"{what} must be a positive number, got {value!r}")
+        raise ConfigError(f"{what} must be a positive finite number, got {value!r}") from exc
+    if not (math.isfinite(number) and number > 0):
+        raise ConfigError(f"{what} must be a positive finite number, got {value!r}")
     return number
+
+
+# ---- a collector that is down ------------------------------------------------------------------
+
+#: The self-telemetry series that counts failed OTLP metric exports (docs/outputs.md).
+FAILURES_SERIES = "otel_rl_otlp_export_failures_total"
+
+_state_lock = threading.Lock()
+_ours = threading.local()  # .depth: our export calls on this thread; .said: the SDK's first line
+
+
+@dataclass
+class _Collector:
+    """What the log has said about one collector (scheme, host and port): a run's metric
+    exporters and its span exporter reach the same collector, and one line is enough."""
+
+    failing: weakref.WeakSet[ExportWatch] = field(default_factory=weakref.WeakSet)
+    missed: int = 0  # exports failed since the warning
+
+
+_collectors: dict[str, _Collector] = {}
+
+
+class ExportWatch:
+    """One exporter's results, told once: a warning at the first failure while the collector
+    was fine, a line when every exporter to it that failed works again; ``failures`` counts.
+
+    Each exporter has its own watch (its own failing or not): two exporters to one collector of
+    which only one fails (a payload too large, say) keep one warning, not one per export.
+    """
+
+    def __init__(
+        self, signal: str, endpoint: str, every: str, counted_in: str | None = None
+    ) -> None:
+        self.signal = signal
+        self.endpoint = endpoint
+        self.failures = 0
+        self._every = every
+        self._counted_in = counted_in
+        self._failing = False
+        parts = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
+        with _state_lock:
+            self._collector = _collectors.setdefault(parts.netloc.lower(), _Collector())
+
+    def failed(self, reason: str) -> None:
+        with _state_lock:
+            self.failures += 1
+            collector = self._collector
+            first = not self._failing and not collector.failing
+            self._failing = True
+            collector.failing.add(self)
+            collector.missed = 1 if first else collector.missed + 1
+        if first:
+            counted = f", counts the failures in {self._counted_in}" if self._counted_in else ""
+            _log.warning(
+                "otel-rl: OTLP export of %s to %s failed: %s. Training goes on; otel-rl keeps "
+                "retrying (%s) without a line per failure%s, and says when the collector is "
+                "reachable again",
+                self.signal, self.endpoint, shorten(reason.rstrip(". "), MAX_SHOWN_REASON),
+                self._every,
+                counted,
+            )  # fmt: skip
+
+    def succeeded(self) -> None:
+        with _state_lock:
+            if not self._failing:
+                return
+            self._failing = False
+            collector = self._collector
+            collector.failing.discard(self)
+            back = not collector.failing
+            missed = collector.missed
+        if back:
+            _log.warning(
+                "otel-rl: OTLP collector at %s reachable again (%d exports had failed)",
+                self.endpoint, missed,
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """The exporter is shut down: its failures no longer hold the collector's state."""
+        with _state_lock:
+            self._collector.failing.discard(self)
+
+
+class _WhileOurExportRuns(logging.Filter):
+    """Drops a record of the SDK's exporter loggers while one of our export calls runs on the
+    record's thread (the watch says it once instead); any other record passes, so exporters
+    the application builds itself keep their lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(_ours, "depth", 0):
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # a record with bad arguments still goes quiet
+            text = str(record.msg)
+        if _ours.said is None:
+            _ours.said = text
+        _log.debug("otel-rl: OTLP exporter (%s): %s", record.name, text)
+        return False
+
+
+_FILTER = _WhileOurExportRuns()
+
+
+def _quiet_loggers_of(exporter: Any) -> None:
+    """Put the filter on every logger the SDK's exporter logs through: its classes' modules and
+    its HTTP client's (which is given the exporter's logger, or logs through its own)."""
+    objects = [exporter, getattr(exporter, "_client", None)]
+    modules = {
+        cls.__module__ for obj in objects for cls in type(obj).__mro__
+        if cls.__module__.startswith("opentelemetry.")
+    }  # fmt: skip
+    for name in modules:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+_Result = TypeVar("_Result")
+
+
+def _watched_call(watch: ExportWatch, call: Callable[[], _Result], success: _Result) -> bool:
+    """Run one export with the SDK's loggers quiet on this thread; tell ``watch`` the outcome."""
+    depth = getattr(_ours, "depth", 0)
+    if depth == 0:
+        _ours.said = None
+    _ours.depth = depth + 1
+    try:
+        result: Any = call()
+        problem = None
+    except Exception as exc:  # an exporter that raises has failed this export, nothing more
+        result, problem = None, f"{type(exc).__name__}: {exc}"
+    finally:
+        _ours.depth = depth
+    if result == success:
+        watch.succeeded()
+        return True
+    said = _ours.said if depth == 0 else None
+    watch.failed(problem or said or "the exporter reported a failure")
+    return False
+
+
+class WatchedMetricExporter(MetricExporter):
+    """The SDK's OTLP metric exporter, its failures told by an :class:`ExportWatch`."""
+
+    def __init__(self, inner: MetricExporter, watch: ExportWatch) -> None:
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self._inner = inner
+        self.watch = watch
+        _quiet_loggers_of(inner)
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        def call() -> MetricExportResult:
+            return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+        ok = _watched_call(self.watch, call, MetricExportResult.SUCCESS)
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return bool(self._inner.force_flush(timeout_millis=timeout_millis))
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.watch.close()
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+class WatchedSpanExporter:
+    """An OTLP span exporter, its failures told once by an :class:`ExportWatch`.
+
+    Duck-typed (``export``, ``shutdown``, ``force_flush``) rather than a ``SpanExporter``
+    subclass, so that this module does not import the tracing SDK when tracing is off.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        endpoint = str(getattr(inner, "_endpoint", None) or "the OTLP endpoint")
+        self.watch = ExportWatch("spans", endpoint, "at every batch")
+        _quiet_loggers_of(inner)
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        ok = _watched_call(self.watch, lambda: self._inner.export(spans), SpanExportResult.SUCCESS)
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self._inner.force_flush(timeout_millis))
+
+    def shutdown(self) -> None:
+        self.watch.close()
+        self._inner.shutdown()

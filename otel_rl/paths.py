@@ -81,3 +81,21 @@ def _cut(part: str, digest: str) -> str:
 
 def _show(text: str, limit: int = 80) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}… ({len(text)} chars)"
+
+
+def folder_name(text: str) -> str:
+    """``text`` (a run id) as one folder name that names nothing else: no separator, no ``.`` or
+    ``..``, no control character, at most :data:`MAX_PART_BYTES` bytes. Letters, digits, ``-``,
+    ``_`` and inner dots stay; every other character is percent-encoded, so distinct ids give
+    distinct folders (``exp/1`` → ``exp%2F1``, ``..`` → ``%2E.``)."""
+    from urllib.parse import quote
+
+    name = quote(text, safe="-_.~")
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    if not name:
+        name = "%"  # quote() never makes a lone "%": the empty id keeps a folder of its own
+    if len(name.encode("utf-8")) > MAX_PART_BYTES:
+        digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        name = f"{name[: MAX_PART_BYTES - 11]}~{digest}"
+    return name

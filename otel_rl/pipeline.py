@@ -13,11 +13,12 @@ Two providers share one resource:
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -25,6 +26,7 @@ from opentelemetry.sdk.metrics._internal.exemplar import AlwaysOffExemplarFilter
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
+from otel_rl.errors import ConfigError
 from otel_rl.fork_safe_log import log as _log
 from otel_rl.step_reader import StepReader
 
@@ -61,24 +63,43 @@ def build_resource(cfg: Mapping[str, Any], run_id: str) -> Resource:
 
 
 class Pipeline:
-    """Builds the providers and operator outputs for one run, and shuts them down."""
+    """Builds the providers and operator outputs for one run, and shuts them down.
+
+    What can fail (the OTLP environment, the OTLP packages, the Prometheus port) is done before
+    any reader thread starts, and a failure closes what was opened: a ``Pipeline`` that raises
+    leaves no server, thread or socket behind.
+    """
 
     def __init__(self, cfg: Mapping[str, Any], resource: Resource) -> None:
         self.resource = resource
         self.step_reader = StepReader()
-        main_readers: list[MetricReader] = [self.step_reader]
-        side_readers: list[MetricReader] = []
-        self._closers: list[Any] = []
+        self._closers: list[Callable[[], None]] = []
         self.prometheus_url: str | None = None
         self.otlp_endpoint: str | None = None
+        try:
+            self._build(cfg, resource)
+        except BaseException:
+            self._close_outputs()
+            raise
+
+    def _build(self, cfg: Mapping[str, Any], resource: Resource) -> None:
+        main_readers: list[MetricReader] = [self.step_reader]
+        side_readers: list[MetricReader] = []
+        otlp = None
+        if cfg["otlp"]["enabled"]:
+            from otel_rl.otlp import OtlpOutput
+
+            otlp = OtlpOutput(cfg["otlp"], providers=2)
+            self._closers.append(otlp.close)
+            self.otlp_endpoint = otlp.settings.endpoint
         if cfg["prometheus"]["enabled"]:
             self._add_prometheus(cfg["prometheus"], main_readers, side_readers)
-        if cfg["otlp"]["enabled"]:
-            from otel_rl.otlp import otlp_readers, resolve_otlp
-
-            self.otlp_endpoint = resolve_otlp(cfg["otlp"]).endpoint
-            main_readers.extend(otlp_readers(cfg["otlp"]))
-            side_readers.extend(otlp_readers(cfg["otlp"]))
+        if otlp is not None:
+            # From here on the readers own the exporters (and shut them down).
+            self._closers.remove(otlp.close)
+            main_reader, side_reader = otlp.readers()
+            main_readers.append(main_reader)
+            side_readers.append(side_reader)
             _log.info("otel-rl: pushing OTLP metrics to %s", self.otlp_endpoint)
 
         def provider(readers: list[MetricReader]) -> MeterProvider:
@@ -92,6 +113,11 @@ class Pipeline:
         self.provider = provider(main_readers)
         self.side_provider = provider(side_readers)
         self.has_side_readers = bool(side_readers)
+        if otlp is not None:
+            from otel_rl.records import OWN_SCOPE
+            from otel_rl.self_telemetry import install_otlp_telemetry
+
+            install_otlp_telemetry(self.side_provider.get_meter(OWN_SCOPE), otlp.failures)
 
     def _add_prometheus(
         self,
@@ -103,21 +129,31 @@ class Pipeline:
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = CollectorRegistry(auto_describe=False)
-        main_readers.append(PrometheusMetricReader(registry=registry))
-        # One target_info per endpoint: the second reader must not render it again.
-        side_readers.append(PrometheusMetricReader(registry=registry, disable_target_info=True))
         host, port = str(prom["host"]), int(prom["port"])
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            raise ConfigError(_listen_problem(host, port, exc)) from None
         bound = server.server_address[1]
-        self.prometheus_url = f"http://{host}:{bound}/metrics"
-        self.prometheus_registry = registry
 
         def close_server() -> None:
             server.shutdown()
             server.server_close()
 
         self._closers.append(close_server)
+        main_readers.append(PrometheusMetricReader(registry=registry))
+        # One target_info per endpoint: the second reader must not render it again.
+        side_readers.append(PrometheusMetricReader(registry=registry, disable_target_info=True))
+        self.prometheus_url = f"http://{host}:{bound}/metrics"
+        self.prometheus_registry = registry
         _log.info("otel-rl: Prometheus metrics at %s", self.prometheus_url)
+
+    def _close_outputs(self) -> None:
+        for close in self._closers:
+            try:
+                close()
+            except Exception as exc:
+                _log.warning("otel-rl: closing an output: %s", exc)
 
     def shutdown(self, timeout_millis: float) -> None:
         """Shut both providers down (final OTLP export within its timeout), then the server.
@@ -137,11 +173,36 @@ class Pipeline:
         deadline = time.monotonic() + timeout_millis / 1000 + 0.5
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        for close in self._closers:
-            try:
-                close()
-            except Exception as exc:
-                _log.warning("otel-rl: closing an output: %s", exc)
+        self._close_outputs()
+
+
+def _listen_problem(host: str, port: int, exc: OSError) -> str:
+    """Why the Prometheus endpoint cannot listen, naming the key to change."""
+    if isinstance(exc, socket.gaierror):
+        return (
+            f"logger config 'prometheus.host': cannot listen on {host!r}: {exc.strerror or exc} "
+            "(give an address or a name of this machine, e.g. 127.0.0.1 or 0.0.0.0)"
+        )
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"logger config 'prometheus.port': port {port} on {host} is already in use "
+            "(by another process, or by another Logger in this process); choose another port, "
+            "or 0 to pick a free one (Logger.prometheus_url then says which)"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"logger config 'prometheus.host': {host} is not an address of this machine "
+            f"({exc.strerror}); use 127.0.0.1, 0.0.0.0 or one of its interfaces' addresses"
+        )
+    if exc.errno == errno.EACCES:
+        return (
+            f"logger config 'prometheus.port': port {port} on {host} is not allowed to this "
+            f"process ({exc.strerror}); ports below 1024 need privileges: choose another, or 0"
+        )
+    return (
+        f"logger config 'prometheus.host'/'prometheus.port': cannot listen on {host}:{port}: "
+        f"{exc.strerror or exc}"
+    )
 
 
 def _shutdown_provider(provider: MeterProvider, timeout_millis: float) -> None:

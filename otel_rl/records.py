@@ -373,13 +373,43 @@ def scalar_rows(rows: Mapping[str, RowValue]) -> dict[str, float]:
     return {k: v for k, v in rows.items() if type(v) is float}
 
 
-def histogram_of(numbers: Sequence[float], bins: int = 30) -> HistogramValue:
-    """Equal-width histogram of finite ``numbers`` (non-finite ones are not bucketed)."""
+@dataclass(frozen=True)
+class CountedHistogram(HistogramValue):
+    """A histogram of logged values, with how many of them no bucket could hold: NaN has no
+    place on the axis, and an equal-width bin cannot hold ±inf. Rows get them as
+    ``<key>/nan_count`` and ``<key>/inf_count`` next to the histogram, when not zero."""
+
+    nan_count: int = 0
+    inf_count: int = 0
+
+    def left_out(self, key: str) -> dict[str, float]:
+        counts = {f"{key}/nan_count": self.nan_count, f"{key}/inf_count": self.inf_count}
+        return {name: float(n) for name, n in counts.items() if n}
+
+
+def histogram_of(numbers: Sequence[float], bins: int = 30) -> CountedHistogram:
+    """Equal-width histogram of the finite ``numbers``; NaNs and infinities are counted apart."""
     finite = [x for x in numbers if math.isfinite(x)]
+    nans = sum(1 for x in numbers if x != x)
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
-    width = (hi - lo) / bins if hi > lo else 1.0
-    bounds = tuple(lo + width * i for i in range(1, bins))
+    # Two finite values can be further apart than the largest float: then measure in halves.
+    scale = 0.5 if math.isinf(hi - lo) else 1.0
+    width = (hi * scale - lo * scale) / bins if hi > lo else 1.0
+    bounds = tuple(lo + width / scale * i for i in range(1, bins))
     counts = [0] * bins
     for x in finite:
-        counts[min(int((x - lo) / width), bins - 1)] += 1
-    return HistogramValue(bounds, tuple(counts), len(finite), math.fsum(finite), lo, hi)
+        counts[min(int((x * scale - lo * scale) / width), bins - 1)] += 1
+    try:
+        total = math.fsum(finite)
+    except OverflowError:  # the sum is beyond the float range: so is a float's
+        total = math.inf if sum(x / 2 for x in finite) > 0 else -math.inf
+    return CountedHistogram(
+        bounds,
+        tuple(counts),
+        len(finite),
+        total,
+        lo,
+        hi,
+        nan_count=nans,
+        inf_count=len(numbers) - len(finite) - nans,
+    )

@@ -7,14 +7,24 @@ marked done as soon as the tracker holds it, so a replay killed at any moment an
 converges to every record delivered exactly once.
 
 A spool line that cannot be read is reported (file, byte offset, reason) and makes the command
-exit non-zero; every other tracker and run is still replayed.
+exit non-zero; every other record, tracker and run is still replayed. A reported line is set aside
+(noted in the spool), so the next replay passes over it.
+
+Each spool is delivered under its lock (:class:`~otel_rl.spool.SpoolLock`): the training process
+holds it while it runs, a replay while it delivers, so two replays or a replay and the live run
+never deliver the same records. A tracker runs in the directory the run started in, so relative
+paths (``log_dir``, ``jsonl.path``, an MLflow ``sqlite:///`` store) land where the run wrote them,
+whichever directory the replay is started from; this changes the process's working directory
+while a tracker is replayed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
+import os
 import random
 import signal
 import threading
@@ -25,11 +35,24 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.config import resolve_config
+from otel_rl.failures import describe_losses
 from otel_rl.records import StepBatch
 from otel_rl.registry import exporter_class
-from otel_rl.spool import DoneMarks, Skipped, read_acks, scan, spool_root, write_meta
+from otel_rl.spool import (
+    DoneMarks,
+    Skipped,
+    SpoolBusy,
+    SpoolLock,
+    read_acks,
+    scan,
+    spool_root,
+    write_meta,
+)
 
 KILLED_EXIT_CODE = 137
+#: ``otel-rl replay``'s exit code when a spool was in use (by the live run or another replay)
+#: and everything else went through: try again later (``EX_TEMPFAIL``).
+BUSY_EXIT_CODE = 75
 
 
 @dataclass
@@ -43,10 +66,25 @@ class ReplayResult:
     skipped: list[Skipped] = field(default_factory=list)
     rejected: int = 0
     error: str | None = None
+    #: Who held the spool, when it was in use (nothing was delivered then).
+    busy: str | None = None
 
     @property
     def complete(self) -> bool:
-        return self.error is None and not self.skipped and self.delivered >= self.pending
+        return (
+            self.error is None
+            and self.busy is None
+            and not self.skipped
+            and self.delivered >= self.pending
+        )
+
+    @property
+    def lost(self) -> dict[str, int]:
+        """Records this replay could not deliver and never will, by reason (docs/reliability.md):
+        ``corrupt`` (unreadable spool lines), ``refused`` (the tracker refused them)."""
+        corrupt = sum(len(s.seqs) if s.seqs is not None else 1 for s in self.skipped)
+        lost = {"corrupt": corrupt, "refused": self.rejected}
+        return {reason: n for reason, n in lost.items() if n}
 
 
 def spooled_runs(log_dir: str | Path) -> list[Path]:
@@ -56,16 +94,23 @@ def spooled_runs(log_dir: str | Path) -> list[Path]:
 
 
 def replay(
-    log_dir: str | Path, progress: bool = True, timeout: float = 300.0
+    log_dir: str | Path, progress: bool = True, timeout: float = 300.0, wait: float = 0.0
 ) -> list[ReplayResult]:
-    """Replay every spool under ``log_dir``; returns what each tracker had and got."""
+    """Replay every spool under ``log_dir``; returns what each tracker had and got.
+
+    A spool in use (the run is alive, or another replay delivers it) is waited for up to
+    ``wait`` seconds, then left alone and reported (``ReplayResult.busy``).
+    """
+    log_dir = Path(log_dir).absolute()  # trackers run in the run's directory, not this one
     results = []
     with _signals_deferred() as interrupted:
         for directory in spooled_runs(log_dir):
             if interrupted:
                 break
             try:
-                results.append(_replay_one(directory, progress, timeout, interrupted))
+                results.append(
+                    _replay_one(directory, log_dir, progress, timeout, interrupted, wait)
+                )
             except Exception as exc:  # one broken spool must not stop the others
                 results.append(
                     ReplayResult(directory.parent.name, directory.name, 0, 0,
@@ -103,7 +148,9 @@ def _signals_deferred() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
-def run(log_dir: str | Path, progress: bool = True, timeout: float = 300.0) -> int:
+def run(
+    log_dir: str | Path, progress: bool = True, timeout: float = 300.0, wait: float = 0.0
+) -> int:
     """The command: replay, print one line per tracker and run, return the exit code."""
     import sys
 
@@ -115,20 +162,28 @@ def run(log_dir: str | Path, progress: bool = True, timeout: float = 300.0) -> i
         return 0
     interrupted = 0
     try:
-        results = replay(log_dir, progress=progress, timeout=timeout)
+        results = replay(log_dir, progress=progress, timeout=timeout, wait=wait)
     except _Interrupted as stop:
         results, interrupted = stop.results, stop.signum
     status = 0
+    busy = False
     for r in results:
+        if r.busy is not None:
+            busy = True
+            print(f"{r.tracker:<12} run {r.run_id}: skipped, the spool is in use by {r.busy}; "
+                  "run replay again once it has ended (or pass --wait SECONDS)")  # fmt: skip
+            continue
         line = f"{r.tracker:<12} run {r.run_id}: {r.delivered}/{r.pending} record(s) delivered"
-        if r.rejected:
-            line += f", {r.rejected} refused by the tracker (set aside)"
+        lost = r.lost
+        if lost:
+            line += f"; lost: {describe_losses(lost)}"
         print(line)
         for s in r.skipped:
-            print(f"  skipped an unreadable spool line: {s.path} at byte {s.offset}: {s.reason}")
+            print(f"  skipped an unreadable spool line: {s.path} at byte {s.offset}: {s.reason}"
+                  f"{_held(s)}; set aside, later replays pass over it")  # fmt: skip
         if r.error:
             print(f"  {r.tracker}: {r.error}", file=sys.stderr)
-        if not r.complete:
+        if not r.complete and r.busy is None:
             status = 1
     if interrupted:
         print(f"otel-rl replay: stopped by signal {interrupted}; what was delivered is marked "
@@ -137,32 +192,123 @@ def run(log_dir: str | Path, progress: bool = True, timeout: float = 300.0) -> i
     if status:
         print("otel-rl replay: some records were not delivered (see above); fix the cause and "
               "run it again: what was delivered is never sent twice", file=sys.stderr)
-    return status
+        return status
+    return BUSY_EXIT_CODE if busy else 0
+
+
+def _held(line: Skipped) -> str:
+    if line.seqs is None:
+        return ""
+    if len(line.seqs) == 1:
+        return f" (record {line.seqs[0]})"
+    return f" (records {line.seqs[0]}..{line.seqs[-1]})" if line.seqs else " (no record)"
 
 
 def _replay_one(
-    directory: Path, progress: bool, timeout: float, interrupted: list[int]
+    directory: Path,
+    log_dir: Path,
+    progress: bool,
+    timeout: float,
+    interrupted: list[int],
+    wait: float,
 ) -> ReplayResult:
     meta = json.loads((directory / "meta.json").read_text())
+    tracker, run_id = meta["tracker"], str(meta.get("run_id", directory.name))
+    lock = SpoolLock(directory, "otel-rl replay")
+    try:
+        lock.acquire(wait)
+    except SpoolBusy as busy:
+        return ReplayResult(tracker, run_id, 0, 0, busy=busy.holder)
+    except OSError as exc:
+        return ReplayResult(tracker, run_id, len(scan(directory)[0]), 0,
+                            error=_unwritable(directory, exc))  # fmt: skip
+    try:
+        return _deliver_spool(directory, log_dir, meta, progress, timeout, interrupted)
+    finally:
+        lock.release()
+
+
+def _unwritable(directory: Path, exc: OSError) -> str:
+    waiting = len(scan(directory)[0])
+    what = exc.strerror or type(exc).__name__
+    path = exc.filename or directory
+    owner = ""
+    with contextlib.suppress(OSError):
+        import pwd
+
+        uid = directory.stat().st_uid
+        with contextlib.suppress(KeyError):
+            owner = f", owned by {pwd.getpwuid(uid).pw_name}"
+    return (
+        f"cannot write the spool: {path}: {what} ({directory}{owner}). {waiting} record(s) wait "
+        "there; run `otel-rl replay` as the user who ran the training, or make the folder "
+        "writable, then run it again"
+    )
+
+
+def _deliver_spool(
+    directory: Path,
+    log_dir: Path,
+    meta: Mapping[str, Any],
+    progress: bool,
+    timeout: float,
+    interrupted: list[int],
+) -> ReplayResult:
     tracker, run_id = meta["tracker"], str(meta.get("run_id", directory.name))
     records, skipped, sealed = scan(directory)
     done_already, sendable = _resolve_checkpoints(records, sealed)
     cfg = resolve_config(_merge(meta.get("config") or {}, meta.get("resume") or {}))
     # Rows written by replay name the run they belong to, as the live run's rows do.
     cfg["run_id"] = cfg["run_id"] or run_id
-    exporter = exporter_class(tracker).from_config(cfg)
-    landed = _landed_before_the_kill(directory, exporter, {seq for seq, _ in sendable})
-    sendable = [(seq, record) for seq, record in sendable if seq not in landed]
-    result = ReplayResult(tracker, run_id, len(sendable), 0, skipped)
-    marks = DoneMarks(directory)
-    try:
-        marks.mark(done_already + sorted(landed))
-        if sendable:
-            _deliver(exporter, meta, sendable, marks, result, progress, timeout, interrupted,
-                     lambda: _save_resume(directory, meta, exporter.resume_config))
-    finally:
-        marks.close()
+    # The folder holding the spool is the run's log_dir, wherever it was moved or copied: the
+    # outputs kept inside it (the trackers' defaults) are written there.
+    cfg["log_dir"] = str(log_dir)
+    with _working_directory(run_directory(meta, log_dir)):
+        exporter = exporter_class(tracker).from_config(cfg)
+        landed = _landed_before_the_kill(directory, exporter, {seq for seq, _ in sendable})
+        sendable = [(seq, record) for seq, record in sendable if seq not in landed]
+        result = ReplayResult(tracker, run_id, len(sendable), 0, skipped)
+        marks = DoneMarks(directory)
+        try:
+            marks.mark(done_already + sorted(landed))
+            if sendable:
+                _deliver(exporter, meta, sendable, marks, result, progress, timeout, interrupted,
+                         lambda: _save_resume(directory, meta, exporter.resume_config))
+            marks.set_aside(skipped)
+        finally:
+            marks.close()
     return result
+
+
+def run_directory(meta: Mapping[str, Any], log_dir: Path) -> Path | None:
+    """The directory the run's relative paths start from: the one it was started in (``cwd`` in
+    the spool's metadata) while ``log_dir`` is still where the run left it; else the directory
+    from which the recorded relative ``log_dir`` reaches the folder being replayed (it was moved
+    or copied); ``None`` when neither can be told (paths then resolve from here)."""
+    recorded = Path(str(meta.get("log_dir", "")))
+    started = meta.get("cwd")
+    here = log_dir.resolve()
+    if recorded.is_absolute():
+        return Path(started) if started and Path(started).is_dir() else None
+    if started and (Path(started) / recorded).resolve() == here:
+        return Path(started)
+    parts = Path(os.path.normpath(recorded)).parts
+    if parts and ".." not in parts and here.parts[-len(parts) :] == parts:
+        return Path(*here.parts[: -len(parts)])
+    return Path(started) if started and Path(started).is_dir() else None
+
+
+@contextlib.contextmanager
+def _working_directory(directory: Path | None) -> Iterator[None]:
+    if directory is None:
+        yield
+        return
+    previous = os.getcwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 def _save_resume(directory: Path, meta: Mapping[str, Any], resume: Mapping[str, Any]) -> None:
@@ -181,9 +327,16 @@ def _landed_before_the_kill(directory: Path, exporter: Any, pending: set[int]) -
     if attempt is None:
         return set()
     uncertain = {seq for seq in range(attempt.first, attempt.last + 1) if seq in pending}
-    if uncertain and exporter.holds_since(attempt.position):
-        return uncertain
-    return set()
+    if not uncertain:
+        return set()
+    # A kill can cut even one write call short: a tracker that counts what it holds is told
+    # how many records the write carried (older trackers take the position alone).
+    counts = "records" in inspect.signature(exporter.holds_since).parameters
+    if attempt.records is not None and counts:
+        holds = exporter.holds_since(attempt.position, records=attempt.records)
+    else:
+        holds = exporter.holds_since(attempt.position)
+    return uncertain if holds else set()
 
 
 def _resolve_checkpoints(

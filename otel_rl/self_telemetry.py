@@ -2,7 +2,8 @@
 
 Observable instruments read counters the Logger and its exporters keep anyway, so they cost
 nothing until a reader collects: steps sealed (``rate()`` is the training throughput), the last
-step, each tracker's queue depth, delivered and dropped records, non-finite values logged.
+step, each tracker's queue depth, delivered records and records lost by reason, non-finite
+values logged.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.metrics import Meter, Observation
+
+from otel_rl.failures import LOSS_REASONS
 
 
 def install_self_telemetry(
@@ -40,7 +43,27 @@ def install_self_telemetry(
     meter.create_observable_counter(
         "otel_rl.exporter.delivered", [per_tracker(lambda e: e.stats["delivered"])]
     )
+    def dropped(options: Any) -> list[Observation]:
+        return [
+            Observation(e.stats.get(f"dropped.{reason}", 0), {"tracker": e.name, "reason": reason})
+            for e in exporters
+            for reason in LOSS_REASONS
+        ]
+
     meter.create_observable_counter(
-        "otel_rl.exporter.dropped", [per_tracker(lambda e: e.stats["dropped"])]
+        "otel_rl.exporter.dropped",
+        [dropped],
+        unit="{record}",
+        description="records lost for good, by tracker and reason (docs/reliability.md)",
     )
     meter.create_observable_counter("otel_rl.values.nonfinite", [counter("nonfinite")])
+
+
+def install_otlp_telemetry(meter: Meter, failures: Callable[[], int]) -> None:
+    """``otel_rl.otlp.export.failures``: OTLP metric exports that failed (a collector down or
+    refusing), which the log reports once rather than at every export."""
+    meter.create_observable_counter(
+        "otel_rl.otlp.export.failures",
+        [lambda options: [Observation(failures())]],
+        unit="{export}",
+    )

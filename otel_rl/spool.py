@@ -17,9 +17,12 @@ Segments whose records are all done are deleted by the side that marks them done
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
+import socket
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +32,7 @@ from otel_rl.records import Record, StepBatch
 
 SPOOL_DIRNAME = ".otel-rl/spool"
 _SEGMENT_RECORDS = 20_000
+_TAIL_SCAN = 1 << 20  # a torn line is one record: far shorter than this
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 
@@ -64,6 +68,75 @@ def _close_synced(f: Any) -> None:
 def _open_private(path: Path, mode: str) -> Any:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, _FILE_MODE)
     return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
+
+
+# ---- one writer at a time ---------------------------------------------------------------------
+
+
+class SpoolBusy(RuntimeError):
+    """A tracker's spool is held by a live process: the training run or an ``otel-rl replay``."""
+
+    def __init__(self, directory: Path, holder: str) -> None:
+        super().__init__(f"{directory} is in use by {holder}")
+        self.directory = directory
+        self.holder = holder
+
+
+class SpoolLock:
+    """An exclusive ``flock`` on ``<spool>/lock``, held by whoever writes the spool: the training
+    process for its whole run, an ``otel-rl replay`` while it delivers. The kernel releases it
+    when the holder dies, however it dies, so a killed holder never leaves it stale. The file
+    says who holds it (pid, host, what, since when) for the message of the one who waits.
+    """
+
+    def __init__(self, directory: Path, what: str) -> None:
+        self.path = directory / "lock"
+        self.what = what
+        self._file: Any = None
+
+    def acquire(self, wait: float = 0.0) -> None:
+        """Take the lock, waiting up to ``wait`` seconds; :class:`SpoolBusy` names the holder.
+
+        ``OSError`` (a read-only folder, another owner) propagates: the caller says how to fix it.
+        """
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        f = os.fdopen(fd, "r+b", buffering=0)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = self.holder()
+                    f.close()
+                    raise SpoolBusy(self.path.parent, holder) from None
+                time.sleep(0.1)
+        self._file = f
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        f.truncate(0)
+        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                            "what": self.what, "since": started}).encode())  # fmt: skip
+
+    def holder(self) -> str:
+        """Who holds the lock, as the holder wrote it (best effort: it may be mid-write)."""
+        try:
+            info = json.loads(self.path.read_bytes() or b"{}")
+            return f"{info['what']} (pid {info['pid']} on {info['host']}, since {info['since']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another process"
+
+    @property
+    def file(self) -> Any:
+        """The open lock file while held, else ``None``."""
+        return self._file
+
+    def release(self) -> None:
+        if self._file is not None and not self._file.closed:
+            self._file.close()  # closing the last descriptor releases the flock
+        self._file = None
 
 
 # ---- record encoding --------------------------------------------------------------------------
@@ -116,16 +189,20 @@ class Skipped:
     path: Path
     offset: int
     reason: str
+    #: The sequence numbers the line held, when the readable lines around it tell (``None``: at
+    #: the end of the log, where nothing follows to tell).
+    seqs: range | None = None
 
 
 @dataclass(frozen=True)
 class Attempt:
-    """A write a tracker was given: records ``first..last`` and where the tracker's output stood
-    before it (``TrackerExporter.write_position``)."""
+    """A write a tracker was given: records ``first..last`` (``records`` of them, when noted)
+    and where the tracker's output stood before it (``TrackerExporter.write_position``)."""
 
     first: int
     last: int
     position: Any
+    records: int | None = None
 
 
 @dataclass
@@ -135,6 +212,8 @@ class Acks:
     upto: int = 0
     ones: set[int] = field(default_factory=set)
     attempt: Attempt | None = None
+    #: Unreadable lines an earlier replay reported and set aside: ``(segment name, offset)``.
+    set_aside: set[tuple[str, int]] = field(default_factory=set)
 
     def done(self, seq: int) -> bool:
         return seq <= self.upto or seq in self.ones
@@ -149,28 +228,48 @@ def _first_seq(path: Path) -> int:
 
 
 def read_segment(
-    path: Path, offset: int = 0, skipped: list[Skipped] | None = None
+    path: Path,
+    offset: int = 0,
+    skipped: list[Skipped] | None = None,
+    *,
+    final: bool = False,
 ) -> Iterator[tuple[int, Any, int]]:
     """``(seq, record, end_offset)`` for each complete line of a segment from byte ``offset``.
 
-    A last line without its newline is a write cut short by a crash (or still being written):
-    it ends the iteration. Lines that cannot be decoded are appended to ``skipped`` (when given)
-    and passed over.
+    The file is read as bytes and each line decoded alone, so damaged bytes cost only the lines
+    they touch. A last line without its newline is a write cut short (by a crash, or still being
+    written): it ends the iteration, and with ``final`` (nobody writes this log any more) it is
+    reported in ``skipped`` too. Lines that cannot be decoded are appended to ``skipped`` (when
+    given) and passed over.
     """
     with path.open("rb") as f:
         f.seek(offset)
         position = offset
         for raw in f:
-            if not raw.endswith(b"\n"):
-                return
             start, position = position, position + len(raw)
+            if not raw.endswith(b"\n"):
+                if final and skipped is not None:
+                    skipped.append(Skipped(
+                        path, start, f"incomplete last line ({len(raw)} bytes without a newline: "
+                        "a write cut short by a crash, or damaged)",
+                    ))  # fmt: skip
+                return
             try:
                 seq, record = decode_record(raw.decode("utf-8"))
             except (CorruptRecord, UnicodeDecodeError) as exc:
                 if skipped is not None:
-                    skipped.append(Skipped(path, start, str(exc)))
+                    skipped.append(Skipped(path, start, _reason(exc, raw)))
                 continue
             yield seq, record, position
+
+
+def _reason(exc: Exception, raw: bytes) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start})"
+    nul = raw.find(0)
+    if nul >= 0:
+        return f"NUL byte at column {nul}; {exc}"
+    return str(exc)
 
 
 def read_acks(directory: Path) -> Acks:
@@ -180,8 +279,13 @@ def read_acks(directory: Path) -> Acks:
         return acks
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         kind, _, number = line.partition(" ")
-        if kind == "try":
-            acks.attempt = _parse_attempt(number) or acks.attempt
+        if kind in ("try", "tried"):  # "try": without the record count (older spools)
+            acks.attempt = _parse_attempt(number, counted=kind == "tried") or acks.attempt
+            continue
+        if kind == "bad":
+            segment, _, offset = number.partition(" ")
+            if offset.isdigit():
+                acks.set_aside.add((segment, int(offset)))
             continue
         if not number.isdigit():
             continue  # a torn line from a crash
@@ -192,31 +296,72 @@ def read_acks(directory: Path) -> Acks:
     return acks
 
 
-def _parse_attempt(text: str) -> Attempt | None:
+def _parse_attempt(text: str, counted: bool) -> Attempt | None:
     first, _, rest = text.partition(" ")
-    last, _, position = rest.partition(" ")
+    last, _, rest = rest.partition(" ")
+    records = None
+    if counted:
+        count, _, rest = rest.partition(" ")
+        if not count.isdigit():
+            return None
+        records = int(count)
     if not (first.isdigit() and last.isdigit()):
         return None  # a torn line from a crash
     try:
-        return Attempt(int(first), int(last), json.loads(position) if position else None)
+        return Attempt(int(first), int(last), json.loads(rest) if rest else None, records)
     except ValueError:
         return None
 
 
+def attempt_line(first: int, last: int, records: int, position: Any) -> str:
+    """The ``acked.log`` line noted before a write of ``records`` records, seqs ``first..last``,
+    with the tracker's output at ``position``: replay asks the tracker whether it holds them."""
+    text = json.dumps(position, separators=(",", ":"), default=str)
+    return f"tried {first} {last} {records} {text}\n"
+
+
 def scan(directory: Path) -> tuple[list[tuple[int, Any]], list[Skipped], set[int]]:
-    """Every record not yet done (in sequence order), the lines that could not be read, and the
-    ``seal`` numbers of every sealed step batch in the spool (done or not)."""
+    """Every record not yet done (in sequence order), the unreadable lines that may hold records
+    not yet done, and the ``seal`` numbers of every sealed step batch in the spool (done or not).
+
+    The readable lines around an unreadable one tell which sequence numbers it held (numbers
+    grow by one per line); an unreadable line whose records are all done already is passed over:
+    the tracker has them.
+    """
     acks = read_acks(directory)
     records: list[tuple[int, Any]] = []
     skipped: list[Skipped] = []
     sealed: set[int] = set()
-    for path in segment_paths(directory):
-        for seq, record, _ in read_segment(path, skipped=skipped):
+    segments = segment_paths(directory)
+    for index, path in enumerate(segments):
+        last = index == len(segments) - 1
+        previous = _first_seq(path) - 1
+        here: list[Skipped] = []
+        for seq, record, _ in read_segment(path, skipped=here, final=True):
+            if here:  # the generator appends to this very list: empty it in place
+                skipped.extend(_placed(here, range(previous + 1, seq), acks))
+                here.clear()
+            previous = seq
             if isinstance(record, StepBatch) and record.seal is not None and not record.provisional:
                 sealed.add(record.seal)
             if not acks.done(seq):
                 records.append((seq, record))
+        if here:  # at the end of a segment: the next segment's first number bounds it
+            following = None if last else range(previous + 1, _first_seq(segments[index + 1]))
+            skipped.extend(_placed(here, following, acks))
     return records, skipped, sealed
+
+
+def _placed(lines: list[Skipped], seqs: range | None, acks: Acks) -> list[Skipped]:
+    """The unreadable ``lines`` between two readable ones, which held ``seqs`` between them;
+    none when every one of those records is done, nor those an earlier replay set aside."""
+    if seqs is not None and all(acks.done(seq) for seq in seqs):
+        return []
+    return [
+        dataclasses.replace(line, seqs=seqs)
+        for line in lines
+        if (line.path.name, line.offset) not in acks.set_aside
+    ]
 
 
 def undelivered(directory: Path) -> list[tuple[int, Any]]:
@@ -240,9 +385,8 @@ class DoneMarks:
     def __init__(self, directory: Path) -> None:
         self._file = _open_private(directory / "acked.log", "a")
 
-    def note_attempt(self, first: int, last: int, position: Any) -> None:
-        text = json.dumps(position, separators=(",", ":"), default=str)
-        self._file.write(f"try {first} {last} {text}\n")
+    def note_attempt(self, first: int, last: int, records: int, position: Any) -> None:
+        self._file.write(attempt_line(first, last, records, position))
         self._file.flush()
 
     def mark(self, seqs: list[int]) -> None:
@@ -250,19 +394,17 @@ class DoneMarks:
             self._file.write("".join(f"one {s}\n" for s in seqs))
             self._file.flush()
 
+    def set_aside(self, lines: list[Skipped]) -> None:
+        """Unreadable lines reported once: later replays pass over them (and exit 0)."""
+        if lines:
+            self._file.write("".join(f"bad {s.path.name} {s.offset}\n" for s in lines))
+            self._file.flush()
+
     def close(self) -> None:
         if not self._file.closed:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
-
-
-def mark_done(directory: Path, seqs: list[int]) -> None:
-    marks = DoneMarks(directory)
-    try:
-        marks.mark(seqs)
-    finally:
-        marks.close()
 
 
 # ---- the log ----------------------------------------------------------------------------------
@@ -279,6 +421,9 @@ class Spool:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
         _private_dirs(self.dir)
+        # Held until close(): no replay delivers this spool while the run may still write it.
+        self._lock = SpoolLock(self.dir, "the training run")
+        self._lock.acquire()
         acks = read_acks(self.dir)
         self.last_seq = max(acks.upto, self._last_seq_on_disk())
         self._segment: Any = None
@@ -345,11 +490,10 @@ class Spool:
             self._acks.flush()
             self._acked_upto = upto
 
-    def note_attempt(self, first: int, last: int, position: Any) -> None:
+    def note_attempt(self, first: int, last: int, records: int, position: Any) -> None:
         """Before a write of records ``first..last``: where the tracker's output stood, so that
         ``otel-rl replay`` can tell whether a write cut short by a kill reached the tracker."""
-        text = json.dumps(position, separators=(",", ":"), default=str)
-        self._acks.write(f"try {first} {last} {text}\n")
+        self._acks.write(attempt_line(first, last, records, position))
         self._acks.flush()
 
     def sync_acks(self) -> None:
@@ -368,11 +512,23 @@ class Spool:
         return self._acked_upto
 
     def close_writer(self) -> None:
-        _close_synced(self._segment)
+        try:
+            _close_synced(self._segment)
+        finally:
+            self._release_when_closed()
 
     def close_acks(self) -> None:
-        _close_synced(self._acks)
-        self.delete_done_segments()
+        try:
+            _close_synced(self._acks)
+            self.delete_done_segments()
+        finally:
+            self._release_when_closed()
+
+    def _release_when_closed(self) -> None:
+        # The run holds its spool until both sides are done with it: a tracker stopped by a
+        # permanent error still has its records written here until the run ends.
+        if (self._segment is None or self._segment.closed) and self._acks.closed:
+            self._lock.release()
 
     def close(self) -> None:
         self.close_writer()
@@ -381,12 +537,18 @@ class Spool:
     def write_meta(self, meta: Mapping[str, Any]) -> None:
         write_meta(self.dir, meta)
 
+    def open_files(self) -> list[Any]:
+        """The file objects this spool holds open (the fork hook points them at /dev/null)."""
+        held = (self._segment, self._acks, self._lock.file)
+        return [f for f in held if f is not None and not f.closed]
+
     def _rotate(self) -> None:
         if self._segment is not None:
             self._segment.flush()
             os.fsync(self._segment.fileno())
             self._segment.close()
         self._segment_path = self.dir / f"wal-{self.last_seq + 1:012d}.jsonl"
+        _cut_incomplete_line(self._segment_path)  # an earlier run's torn write: never glue to it
         self._segment = _open_private(self._segment_path, "a")
         self._in_segment = 0
 
@@ -407,6 +569,23 @@ class Spool:
         for seq, _, _ in read_segment(segments[-1]):
             last = seq
         return last
+
+
+def _cut_incomplete_line(path: Path) -> None:
+    """Drop a last line without its newline, so that the next append starts a line of its own."""
+    try:
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            f.seek(max(0, size - _TAIL_SCAN))
+            tail = f.read()
+            if tail.endswith(b"\n"):
+                return
+            cut = tail.rfind(b"\n")
+            f.truncate(size - len(tail) + cut + 1 if cut >= 0 else max(0, size - len(tail)))
+    except FileNotFoundError:
+        return
 
 
 class SegmentCursor:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from otel_rl.failures import count_loss
 from otel_rl.records import StepBatch
 from otel_rl.spool import SegmentCursor, Spool
 
@@ -233,7 +234,7 @@ class SpoolFeed:
         missing = read_upto - start + 1 - len(read)
         if missing > 0:  # segments deleted or truncated from outside while the run went on
             with self._cond:
-                self._stats["dropped"] += missing
+                count_loss(self._stats, "spool_vanished", missing)
             self._warn_once(
                 "spool-missing",
                 "%s: %d spooled record(s) vanished from %s before delivery (deleted from "
@@ -275,14 +276,13 @@ class SpoolFeed:
 
         null = os.open(os.devnull, os.O_WRONLY)
         try:
-            for holder in (self.spool, self._cursor):
-                for value in list(vars(holder).values()):
-                    if isinstance(value, io.IOBase) and not value.closed:
-                        try:
-                            if value.fileno() > 2:
-                                os.dup2(null, value.fileno())
-                        except (OSError, ValueError):
-                            pass
+            for value in self.spool.open_files():
+                if isinstance(value, io.IOBase):
+                    try:
+                        if value.fileno() > 2:
+                            os.dup2(null, value.fileno())
+                    except (OSError, ValueError):
+                        pass
         finally:
             os.close(null)
         self.running = False

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_rl.failures import Failure
+from otel_rl.failures import Failure, count_loss
 from otel_rl.fork_safe_log import log as _log
 
 
@@ -57,13 +57,13 @@ class TrackerWriter:
     def write(
         self,
         items: list[tuple[int | None, Any]],
-        note: Callable[[int, int, Any], None] | None = None,
+        note: Callable[[int, int, int, Any], None] | None = None,
     ) -> tuple[int, Failure | None]:
         """Write ``items`` (``(seq, record)`` pairs); returns how many at the head are done
         (written or set aside) and the failure that stopped the rest, if any.
 
-        ``note(first_seq, last_seq, position)`` is called once the tracker is open, just before
-        the write, with the tracker's :meth:`position` (when it can tell one).
+        ``note(first_seq, last_seq, records, position)`` is called once the tracker is open, just
+        before the write, with the tracker's :meth:`position` (when it can tell one).
         """
         if not self.opened:
             try:
@@ -80,7 +80,7 @@ class TrackerWriter:
             try:
                 where = self._hooks.position()
                 if where is not None:
-                    note(seqs[0], seqs[-1], where)
+                    note(seqs[0], seqs[-1], len(replayable), where)
             except Exception as exc:  # only replay's duplicate check depends on it
                 self._warn_once("position", "%s: cannot note the write position: %s",
                                 self.name, exc)  # fmt: skip
@@ -125,6 +125,7 @@ class TrackerWriter:
 
     def _set_aside(self, record: Any, failure: Failure) -> None:
         self._stats["rejected"] = self._stats.get("rejected", 0) + 1
+        count_loss(self._stats, "refused")
         where = f" at step {record.step}" if hasattr(record, "step") else ""
         self._warn_once(
             f"rejected:{type(failure.error).__name__}",

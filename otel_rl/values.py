@@ -3,7 +3,8 @@
 The rules (documented in docs/configuration.md):
 - Python/numpy/torch scalars, 0-d and 1-element arrays → float; bool → 0.0/1.0.
 - NaN and ±inf are kept (the OTel SDK would drop them; a NaN loss is what a user must see).
-- Lists, tuples and 1-D arrays of numbers → ``key/count, /mean, /std, /min, /max, /p50, /p90``.
+- Lists, tuples and 1-D arrays of numbers → ``key/count, /mean, /std, /min, /max, /p50, /p90``;
+  NaNs in them are left out of the statistics and counted as ``key/nan_count``.
 - Nested mappings → flattened with ``/``.
 - Strings → text (trackers without text support skip them, with one warning).
 - ``None`` and anything else → skipped, reported to the caller so it can warn once per key.
@@ -14,11 +15,11 @@ The rules (documented in docs/configuration.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from otel_rl.errors import MetricError
-from otel_rl.records import HistogramValue
+from otel_rl.records import CountedHistogram, HistogramValue
 
 #: Called as ``report(key, reason)`` for every value that is not logged as given.
 Reporter = Callable[[str, str], None]
@@ -108,6 +109,8 @@ def _convert_slow(out: dict[str, Any], key: str, value: Any, report: Reporter) -
         return 0 if math.isfinite(number) else 1
     if isinstance(value, (str, HistogramValue)):
         out[key] = value
+        if isinstance(value, CountedHistogram):
+            out.update(value.left_out(key))
         return 0
     if value is None:
         report(key, "value None skipped")
@@ -159,43 +162,87 @@ def _array_list(value: Any) -> list[Any]:
 
 def _summarize_into(out: dict[str, Any], key: str, values: list[Any], report: Reporter) -> int:
     numbers: list[float] = []
+    nans = 0
     for v in values:
         if isinstance(v, (int, float)) or _array_size(v) == 1:
-            numbers.append(float(v))
+            number = float(v)
+            if number != number:
+                nans += 1
+            else:
+                numbers.append(number)
         else:
             report(key, f"list element of type {type(v).__name__} is not a number; list skipped")
             return 0
-    if not numbers:
+    if not numbers and not nans:
         report(key, "empty list skipped")
         return 0
-    stats = summarize(numbers)
-    for name in SUMMARY_STATS:
-        out[f"{key}/{name}"] = stats[name]
-    return sum(1 for v in stats.values() if not math.isfinite(v))
+    nonfinite = 0
+    for name, value in _statistics(numbers, nans).items():
+        out[f"{key}/{name}"] = value
+        if value - value != 0.0:
+            nonfinite += 1
+    return nonfinite
 
 
-def summarize(numbers: list[float]) -> dict[str, float]:
-    """count, mean, population std, min, max and the p50/p90 (linear interpolation)."""
+def summarize(numbers: Iterable[float]) -> dict[str, float]:
+    """The statistics a logged list becomes: count, mean, population std, min, max, p50 and p90
+    (linear interpolation) of the numbers that are not NaN, and ``nan_count`` when some are.
+
+    NaN has no place in an order, so it is left out of every statistic (sorting or comparing
+    with it depends on where it sits) and counted instead. With nothing but NaNs, ``count`` is 0
+    and the other statistics, undefined, are left out. ±inf are ordered values and take part:
+    min, max and the percentiles are read off the sorted values, the mean is ±inf (NaN with both
+    signs, as inf - inf is undefined) and the std is NaN.
+    """
+    clean: list[float] = []
+    nans = 0
+    for x in numbers:
+        if x != x:
+            nans += 1
+        else:
+            clean.append(float(x))
+    return _statistics(clean, nans)
+
+
+def _statistics(numbers: list[float], nans: int) -> dict[str, float]:
+    """:func:`summarize` of ``numbers``, which hold no NaN, and ``nans`` NaNs left out."""
     n = len(numbers)
-    ordered = sorted(numbers)
-    try:
-        mean = math.fsum(ordered) / n
-    except (OverflowError, ValueError):  # partial sums beyond the float range
-        mean = math.fsum(x / n for x in ordered)
-    var = math.fsum((x - mean) * (x - mean) for x in ordered) / n
-    return {
-        "count": float(n),
-        "mean": mean,
-        "std": math.sqrt(var) if var == var else math.nan,
-        "min": ordered[0],
-        "max": ordered[-1],
-        "p50": _quantile(ordered, 0.5),
-        "p90": _quantile(ordered, 0.9),
-    }
+    stats: dict[str, float] = {"count": float(n)}
+    if n:
+        ordered = sorted(numbers)
+        try:
+            mean = math.fsum(ordered) / n
+        except OverflowError:  # finite partial sums beyond the float range
+            mean = math.fsum(x / n for x in ordered)
+        except ValueError:  # +inf and -inf both present
+            mean = math.nan
+        if math.isinf(ordered[0]) or math.isinf(ordered[-1]):
+            std = math.nan  # the distance of a value to an infinite mean is undefined
+        else:
+            std = math.sqrt(math.fsum((x - mean) * (x - mean) for x in ordered) / n)
+        stats["mean"] = mean
+        stats["std"] = std
+        stats["min"] = ordered[0]
+        stats["max"] = ordered[-1]
+        stats["p50"] = _quantile(ordered, 0.5)
+        stats["p90"] = _quantile(ordered, 0.9)
+    if nans:
+        stats["nan_count"] = float(nans)
+    return stats
 
 
 def _quantile(ordered: list[float], q: float) -> float:
     pos = (len(ordered) - 1) * q
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    a, b, t = ordered[lo], ordered[hi], pos - lo
+    if t == 0.0 or a == b:
+        return a  # exact, also for an infinity (inf * 0 would be NaN)
+    if math.isinf(a) or math.isinf(b):
+        # Between an infinity and anything else, every point but the ends is that infinity;
+        # between -inf and +inf there is no defined point.
+        return math.nan if math.isinf(a) and math.isinf(b) else (a if math.isinf(a) else b)
+    gap = b - a
+    if math.isinf(gap):  # two finite values further apart than the largest float
+        return a * (1.0 - t) + b * t
+    return a + gap * t

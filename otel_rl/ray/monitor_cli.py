@@ -7,10 +7,14 @@ gauges on Prometheus and/or pushes them over OTLP, and prints a live table of th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import select
+import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -64,13 +68,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from otel_rl import Logger
+    """Run the monitor until SIGTERM or Ctrl-C (or one round with ``--once``).
 
+    A signal ends the watch loop; the Logger then stops the scraper, pushes the last values
+    over OTLP and the last table is printed. Exit code: 0, 143 (SIGTERM), 130 (SIGINT), 2 when
+    the Ray cluster cannot be joined, 1 when ``--once`` got no answer.
+    """
     if args.ray_address:
-        problem = join_ray(args.ray_address)
+        try:
+            problem = join_ray(args.ray_address)
+        except KeyboardInterrupt:
+            print("otel-rl gpu-monitor: interrupted while joining the Ray cluster", file=sys.stderr)
+            return 128 + signal.SIGINT
         if problem is not None:
             print(f"otel-rl gpu-monitor: {problem}", file=sys.stderr)
             return 2
+    # Installed after ray.init, which sets its own SIGTERM handler (sys.exit), and before the
+    # Logger, which then leaves them alone: the loop below is the only place that waits.
+    stop = _StopOnSignal()
+    try:
+        return _monitor(args, stop)
+    finally:
+        stop.restore()
+
+
+class _StopOnSignal:
+    """SIGTERM and SIGINT end the watch loop, which waits on :meth:`wait`, instead of raising
+    where the main thread happens to be (inside rich's rendering, or our own code, where the
+    Logger's handler would hold the signal back for as long as the loop runs).
+
+    The handler only writes a byte to a pipe: it runs on the main thread between two bytecodes,
+    possibly while that thread holds a lock, so it must take none (``Event.set`` does).
+    """
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signum = self.signum or signum
+        with contextlib.suppress(OSError):  # a full pipe: the loop is woken already
+            os.write(self._write, b"\0")
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds; whether a signal asked to stop."""
+        if not self.signum:
+            select.select([self._read], [], [], timeout)
+        return bool(self.signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum if self.signum else 0
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+        for fd in (self._read, self._write):
+            os.close(fd)
+
+
+def _monitor(args: argparse.Namespace, stop: _StopOnSignal) -> int:
+    from otel_rl import Logger
+
     cfg: dict[str, Any] = {
         "jsonl_enabled": False,
         "monitor_gpus": True,
@@ -102,19 +167,22 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             deadline = time.monotonic() + args.timeout + 30
             while scraper.last is None and time.monotonic() < deadline:
-                time.sleep(0.02)
+                if stop.wait(0.02):
+                    break
             console.print(render(scraper))
+            if stop.signum:
+                logger.finish(exit_code=stop.exit_code)
+                return stop.exit_code
             return 0 if scraper.last is not None else 1
         from rich.live import Live
 
-        try:
-            with Live(render(scraper), console=console, refresh_per_second=2) as live:
-                while True:
-                    time.sleep(0.5)
-                    live.update(render(scraper))
-        except KeyboardInterrupt:
-            pass
-    return 0
+        with Live(render(scraper), console=console, refresh_per_second=2) as live:
+            while not stop.wait(0.5):
+                live.update(render(scraper))
+            live.update(render(scraper))  # the last table stays on screen
+        # The scraper stops and the last values are pushed (OTLP) before the process exits.
+        logger.finish(exit_code=stop.exit_code)
+    return stop.exit_code
 
 
 def join_ray(address: str) -> str | None:

@@ -122,15 +122,24 @@ class Histogram:
     counts: tuple[float, ...]  # len(bounds) + 1, the last is the +Inf bucket (= _count)
 
 
+#: One labelled series of a metric: its labels, sorted.
+SeriesKey = tuple[tuple[str, str], ...]
+
+
 @dataclass
 class EngineSample:
-    """What one engine showed in one scrape, by role. ``sources`` names the metric used."""
+    """What one engine showed in one scrape, by role. ``sources`` names the metric used.
+
+    A counter's value is the sum of its labelled series (``finished_reason``, ...);
+    ``series`` keeps each one, as a counter reset shows in a series and not always in the
+    sum."""
 
     kind: str
     counters: dict[str, float] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    series: dict[str, dict[SeriesKey, float]] = field(default_factory=dict)
 
     def roles(self) -> set[str]:
         return set(self.counters) | set(self.gauges) | set(self.histograms)
@@ -291,10 +300,13 @@ def _engine_samples(
     one :class:`EngineSample` per engine."""
     counters, gauges, histograms = SOURCES[kind]
     wanted_names = {n for table in (counters, gauges) for names in table.values() for n in names}
+    counter_names = {n for names in counters.values() for n in names}
     hist_names = {n for names in histograms.values() for n in names}
     # name -> engine key -> summed value (counters/gauges) or le -> summed cumulative count.
     scalar: dict[str, dict[str | None, float]] = {}
     buckets: dict[str, dict[str | None, dict[float, float]]] = {}
+    # counter name -> engine key -> series -> value
+    series: dict[str, dict[str | None, dict[SeriesKey, float]]] = {}
     order: list[str | None] = []
     for name, labels, value in samples:
         key = key_of(labels)
@@ -307,6 +319,10 @@ def _engine_samples(
                 continue
             per = scalar.setdefault(name, {})
             per[key] = per.get(key, 0.0) + float(value)
+            if name in counter_names:
+                one = series.setdefault(name, {}).setdefault(key, {})
+                labelled = tuple(sorted(labels.items()))
+                one[labelled] = one.get(labelled, 0.0) + float(value)
         elif name.endswith("_bucket") and name[: -len("_bucket")] in hist_names:
             le = _le(labels.get("le"))
             if le is None or not _finite(value, allow_inf=False):
@@ -327,6 +343,8 @@ def _engine_samples(
                     if key in scalar.get(name, {}):
                         target[role] = scalar[name][key]
                         sample.sources[role] = name
+                        if name in series:
+                            sample.series[role] = series[name][key]
                         break
         for role, names in histograms.items():
             for name in names:

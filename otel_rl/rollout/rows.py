@@ -1,20 +1,23 @@
 """From successive engine samples to the rows of one training step.
 
 Every engine keeps an :class:`EngineWindow` that is fed each good scrape. Between two consecutive
-good scrapes of an engine, counters and histogram buckets add their increase to the window (a
-value that went down means the engine restarted: the new value is the increase since the
-restart, as Prometheus' ``increase()`` counts it); gauges add their sample. Closing the window at
-a step gives that step's rows and starts the next window, so every increase and every gauge
-sample is counted in exactly one step.
+good scrapes of an engine, counters and histogram buckets add their increase to the window;
+gauges add their sample. Closing the window at a step gives that step's rows and starts the next
+window, so every increase and every gauge sample is counted in exactly one step.
+
+A counter series or a histogram bucket that went down means the engine's process started over,
+and with it every counter of the engine: then each counter's and bucket's increase is its new
+value (counted from 0, as Prometheus' ``increase()`` counts a reset), including the series that
+happen to be above their old value already. An increase is never negative.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from otel_rl.rollout.engines import EngineSample, Histogram
+from otel_rl.rollout.engines import EngineSample, Histogram, SeriesKey
 
 PREFIX = "rollout/"
 
@@ -85,26 +88,29 @@ class EngineWindow:
         went_back: list[str] = []
         previous = self.previous
         if previous is not None:
+            went_back = _went_back(previous, sample)
+            restarted = bool(went_back)
             for role, value in sample.counters.items():
-                before = previous.counters.get(role)
-                if before is None:
-                    continue  # appeared only now: nothing to compare with yet
-                if value < before:
-                    went_back.append(sample.sources.get(role, role))
+                if restarted:
                     increase = value
+                elif role in previous.counters:
+                    increase = _counter_increase(previous, sample, role)
                 else:
-                    increase = value - before
+                    continue  # appeared only now: nothing to compare with yet
                 self.increases[role] = self.increases.get(role, 0.0) + increase
             for role, hist in sample.histograms.items():
                 before_hist = previous.histograms.get(role)
-                if before_hist is None:
+                if restarted:
+                    delta: list[float] | None = list(hist.counts)
+                elif before_hist is None:
                     continue
-                delta = _histogram_increase(before_hist, hist)
-                if delta is None:
-                    went_back.append(sample.sources.get(role, role))
-                    delta = list(hist.counts)
-                self._add_buckets(role, hist.bounds, delta)
+                else:
+                    delta = _histogram_increase(before_hist, hist)
+                if delta is not None:  # None only after a restart, handled above
+                    self._add_buckets(role, hist.bounds, delta)
             self.seconds += max(0.0, at - self.previous_at)
+            if not went_back:
+                sample = _with_missing_series(previous, sample)
         for role, value in sample.gauges.items():
             self.gauges.setdefault(role, _Gauge()).add(value)
         self.samples += 1
@@ -142,6 +148,53 @@ class EngineWindow:
         self.gauges = {}
         self.samples = 0
         return step
+
+
+def _went_back(before: EngineSample, after: EngineSample) -> list[str]:
+    """The metrics of ``after`` below their value in ``before``: a counter series that went
+    down, or a histogram with a bucket that went down or other buckets (another release)."""
+    names: list[str] = []
+    for role, value in after.counters.items():
+        old = before.counters.get(role)
+        if old is None:
+            continue
+        old_series, new_series = before.series.get(role), after.series.get(role)
+        if old_series is not None and new_series is not None:
+            # Per series, as Prometheus does: a reset of one series (one finished_reason) can
+            # hide in a sum that still grew thanks to the others.
+            down = any(v < old_series.get(s, v) for s, v in new_series.items())
+        else:
+            down = value < old
+        if down:
+            names.append(after.sources.get(role, role))
+    for role, hist in after.histograms.items():
+        old_hist = before.histograms.get(role)
+        if old_hist is not None and _histogram_increase(old_hist, hist) is None:
+            names.append(after.sources.get(role, role))
+    return names
+
+
+def _counter_increase(before: EngineSample, after: EngineSample, role: str) -> float:
+    """The increase of a counter that did not go down: summed over its series, a series new
+    since ``before`` counting from 0 and one gone since then left out (a sum that lost a series
+    would otherwise look like a decrease)."""
+    old_series, new_series = before.series.get(role), after.series.get(role)
+    if old_series is None or new_series is None:
+        return after.counters[role] - before.counters[role]
+    return math.fsum(v - old_series.get(s, 0.0) for s, v in new_series.items())
+
+
+def _with_missing_series(before: EngineSample, after: EngineSample) -> EngineSample:
+    """``after``, keeping the last value of the counter series it lacks: a series back after a
+    scrape without it then adds its increase since it was last seen, not its whole value."""
+    carried: dict[str, dict[SeriesKey, float]] = {}
+    for role, old_series in before.series.items():
+        new_series = after.series.get(role)
+        if new_series is not None and not old_series.keys() <= new_series.keys():
+            carried[role] = {**old_series, **new_series}
+    if not carried:
+        return after
+    return replace(after, series={**after.series, **carried})
 
 
 def _histogram_increase(before: Histogram, after: Histogram) -> list[float] | None:

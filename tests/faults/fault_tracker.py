@@ -11,7 +11,8 @@ test process can start and end an outage while the training process runs:
 
 It is found by name through a real ``otel_rl.exporters`` entry point
 (:func:`install_entry_point`), so ``otel-rl replay`` rebuilds it from the spooled config.
-Each write is one ``os.write`` on an ``O_APPEND`` descriptor: a kill leaves whole lines.
+Each write is one ``os.write`` on an ``O_APPEND`` descriptor, which a kill can still cut short:
+a torn last line is cut when the tracker opens, and ``holds_since`` counts whole lines.
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ class FaultFileTracker(TrackerExporter):
 
     def open(self) -> None:
         self._fault()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.lseek(self._fd, 0, os.SEEK_END)
+        if size:
+            tail = os.pread(self._fd, min(size, 1 << 16), max(0, size - (1 << 16)))
+            if not tail.endswith(b"\n"):
+                os.ftruncate(self._fd, size - len(tail) + tail.rfind(b"\n") + 1)
 
     def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
         self.write_batches([batch])
@@ -60,9 +66,17 @@ class FaultFileTracker(TrackerExporter):
     def write_position(self) -> Any:
         return os.path.getsize(self.path) if os.path.exists(self.path) else 0
 
-    def holds_since(self, position: Any) -> bool:
-        # One os.write per batch: a batch is in the file whole or not at all.
-        return os.path.exists(self.path) and os.path.getsize(self.path) > int(position)
+    def holds_since(self, position: Any, records: int | None = None) -> bool:
+        # One os.write per batch, which a kill may still cut short: count the whole lines.
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(int(position))
+                tail = f.read()
+        except (OSError, TypeError, ValueError):
+            return False
+        if not tail.endswith(b"\n"):
+            return False
+        return records is None or tail.count(b"\n") >= records
 
     def close(self, exit_code: int) -> None:
         if self._fd is not None:
