@@ -401,8 +401,8 @@ def histogram_of(numbers: Sequence[float], bins: int = 30) -> CountedHistogram:
         counts[min(int((x * scale - lo * scale) / width), bins - 1)] += 1
     try:
         total = math.fsum(finite)
-    except OverflowError:  # the sum is beyond the float range: so is a float's
-        total = math.inf if sum(x / 2 for x in finite) > 0 else -math.inf
+    except OverflowError:  # a partial sum beyond the float range; the total may still fit
+        total = math.fsum(x / len(finite) for x in finite) * len(finite)
     return CountedHistogram(
         bounds,
         tuple(counts),

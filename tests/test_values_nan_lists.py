@@ -190,10 +190,14 @@ def test_log_histogram_buckets_finite_values_and_counts_the_others(log_dir):
 def test_log_histogram_of_values_beyond_half_the_float_range(log_dir):
     """A range or a sum beyond the largest float must not make the histogram fail."""
     with make_logger(log_dir) as logger:
-        logger.log_histogram([-1e308, 1e308, 1e308], step=0, name="big", bins=2)
-    big = step_rows(log_dir, 0)["big"]
+        logger.log_histogram([1e308, 1e308, -1e308], step=0, name="big", bins=2)
+        logger.log_histogram([1e308, 1e308], step=0, name="bigger", bins=2)
+    row = step_rows(log_dir, 0)
+    big = row["big"]
     assert (big["count"], big["min"], big["max"], big["counts"]) == (3, -1e308, 1e308, [1, 2])
-    assert big["sum"] == 1e308
+    assert big["bounds"] == [0.0]
+    assert big["sum"] == pytest.approx(1e308, rel=1e-15)
+    assert row["bigger"]["sum"] == INF  # beyond the float range
 
 
 def test_nemo_rl_generation_metrics_across_workers_leave_nans_out(log_dir):
