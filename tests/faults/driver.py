@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otel_rl.replay import BUSY_EXIT_CODE
 from tests.faults import delivered as readers
 from tests.faults.fault_tracker import install_entry_point, set_mode
 from tests.faults.invariant import Counts, Finding, check
@@ -53,6 +55,10 @@ class IterationResult:
     kills: int
     replay_kills: int
     what_happened: str
+    #: Replays tried while the run lived that were refused (the spool was in use).
+    refused_during_run: int = 0
+    #: Steps whose spool lines were damaged (they may be lost, never doubled).
+    damaged_steps: int = 0
 
 
 class _ChildOutput:
@@ -104,7 +110,7 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
     log_dir, rows, control = work / "logs", work / "faultfile.jsonl", work / "control"
     findings: list[Finding] = []
     notes: list[str] = []
-    kills = replay_kills = 0
+    kills = replay_kills = refused = 0
 
     initial = "ok"
     if plan.tracker_mode == "slow":
@@ -115,7 +121,8 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
 
     experiment = f"fault-{plan.seed.replace(':', '-')}"
     child_plan = ChildPlan(
-        log_dir=str(log_dir),
+        # Relative: the run starts in its work folder, the replay elsewhere (operator's seat).
+        log_dir="logs" if plan.relative_paths else str(log_dir),
         seed=plan.seed,
         loop={"loop": "paced", "tight": "tight", "finish": "finish"}[plan.kill_point],
         steps=plan.steps,
@@ -133,7 +140,8 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
     with stderr_path.open("wb") as stderr:
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.faults.child", child_plan.to_json()],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO, env=h.env,
+            stdout=subprocess.PIPE, stderr=stderr, text=True,
+            cwd=work if plan.relative_paths else REPO, env=h.env,
         )
     out = _ChildOutput(child)
     timers: list[threading.Timer] = []
@@ -159,7 +167,15 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
 
         if plan.kill_point == "finish":
             out.finishing.wait(120)
-        time.sleep(plan.kill_delay)
+        began_wait = time.monotonic()
+        if plan.replay_during_run:
+            time.sleep(plan.kill_delay / 2)
+            code, text = _replay_under_the_run(h, log_dir, work)
+            if code not in (0, BUSY_EXIT_CODE) or "Traceback" in text:
+                findings.append(Finding("replay", "during-run", [], f"exit {code}: {text[-600:]}"))
+            refused += code == BUSY_EXIT_CODE
+            notes.append(f"replay during the run: exit {code}")
+        time.sleep(max(0.0, plan.kill_delay - (time.monotonic() - began_wait)))
         sig = getattr(signal, plan.signal)
         kill_at = time.monotonic()
         if child.poll() is None:
@@ -200,15 +216,26 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
             port = int(h.mlflow.url.rsplit(":", 1)[1])
             h.mlflow = start_mlflow_server(h.mlflow.workdir, port=port)
 
+    damaged: dict[str, frozenset[int]] = {}
+    if plan.corrupt:
+        damaged[plan.corrupt] = damage_spool(log_dir, plan.corrupt, random.Random(plan.seed))
+        notes.append(f"{plan.corrupt} spool damaged at steps {sorted(damaged[plan.corrupt])}")
+    # From another folder, naming the log dir relatively when the run used relative paths.
+    where = work / "elsewhere"
+    where.mkdir()
+    target = "../logs" if plan.relative_paths else str(log_dir)
+
     attempts: list[str] = []
     for attempt in range(REPLAY_ATTEMPTS):
         replay_out, replay_err = work / f"replay{attempt}.out", work / f"replay{attempt}.err"
+        command = [sys.executable, "-m", "otel_rl.cli", "replay", target, "--no-progress",
+                   "--timeout", "60"]  # fmt: skip
         with replay_out.open("wb") as o, replay_err.open("wb") as e:
-            replay = subprocess.Popen(
-                [sys.executable, "-m", "otel_rl.cli", "replay", str(log_dir), "--no-progress",
-                 "--timeout", "60"],
-                stdout=o, stderr=e, cwd=REPO, env=h.env,
-            )
+            replay = subprocess.Popen(command, stdout=o, stderr=e, cwd=where, env=h.env)
+        rival = None
+        if attempt == 0 and plan.concurrent_replays:
+            rival = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     cwd=where, env=h.env, text=True)  # fmt: skip
         if attempt == 0 and plan.replay_kill_signal:
             try:
                 replay.wait(plan.replay_kill_delay)
@@ -222,6 +249,11 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
             replay.kill()
             code = replay.wait(30)
             findings.append(Finding("replay", "hang", [], f"attempt {attempt + 1} ran for 180s"))
+        if rival is not None:
+            rival_text, _ = rival.communicate(timeout=240)
+            attempts.append(f"rival exit {rival.returncode}")
+            if rival.returncode not in (0, 1, BUSY_EXIT_CODE) or "Traceback" in rival_text:
+                findings.append(Finding("replay", "rival", [], rival_text[-600:]))
         attempts.append(f"exit {code}")
         set_mode(control, "ok")
         if code == 0:
@@ -230,6 +262,9 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
         findings.append(Finding("replay", "converge", [],
                                 f"{REPLAY_ATTEMPTS} attempts, none exited 0; last stderr: "
                                 f"{_tail(replay_err, 800)}"))
+    if any(where.iterdir()):
+        findings.append(Finding("replay", "elsewhere", [],
+                                f"wrote into its own working directory: {list(where.iterdir())}"))
     notes.append("replay " + ", ".join(attempts))
 
     cutoff = kill_at - h.fsync_interval - h.grace
@@ -241,10 +276,52 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
         got.append(readers.mlflow(h.mlflow.url, experiment))
     counts: dict[str, Counts] = {}
     for tracker in got:
-        found, counts[tracker.tracker] = check(tracker, out.returned, cutoff)
+        lost_ok = damaged.get(tracker.tracker, frozenset())
+        found, counts[tracker.tracker] = check(tracker, out.returned, cutoff, lost_ok)
         findings.extend(found)
     notes.append(f"{time.monotonic() - began:.1f}s")
-    return IterationResult(plan, findings, counts, kills, replay_kills, "; ".join(notes))
+    return IterationResult(plan, findings, counts, kills, replay_kills, "; ".join(notes),
+                           refused, sum(len(v) for v in damaged.values()))  # fmt: skip
+
+
+def _replay_under_the_run(h: Harness, log_dir: Path, work: Path) -> tuple[int, str]:
+    """A replay started while the training run lives: it must leave the run's spools alone."""
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_rl.cli", "replay", str(log_dir), "--no-progress"],
+        capture_output=True, text=True, cwd=work, env=h.env, timeout=120,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+GARBAGE = b"\x00\xff\xfe\x80 garbage \x00\xc3\x28" * 4
+
+
+def damage_spool(log_dir: Path, tracker: str, rng: random.Random) -> frozenset[int]:
+    """Overwrite a seeded run of bytes in one of ``tracker``'s spool segments; returns the steps
+    whose sealed records sat in the lines it touched."""
+    segments = sorted((log_dir / ".otel-rl" / "spool").glob(f"{tracker}/*/wal-*.jsonl"))
+    segments = [p for p in segments if p.stat().st_size > 0]
+    if not segments:
+        return frozenset()
+    segment = rng.choice(segments)
+    data = bytearray(segment.read_bytes())
+    size = rng.randint(1, len(GARBAGE))
+    at = rng.randrange(max(1, len(data) - size))
+    steps: set[int] = set()
+    start = 0
+    for raw in bytes(data).splitlines(keepends=True):
+        end = start + len(raw)
+        if start < at + size and at < end:
+            try:
+                record = json.loads(raw)
+                if record.get("kind") == "step" and not record.get("provisional"):
+                    steps.add(int(record["step"]))
+            except ValueError:
+                pass  # a torn last line: no record of its own
+        start = end
+    data[at : at + size] = GARBAGE[:size]
+    segment.write_bytes(bytes(data))
+    return frozenset(steps)
 
 
 @dataclass
@@ -253,6 +330,12 @@ class RunSummary:
     iterations: int = 0
     kills: int = 0  # signals that reached a live training process
     replay_kills: int = 0  # signals that reached a live replay
+    relative_paths: int = 0  # iterations replayed from another folder than the run's
+    concurrent_replays: int = 0  # iterations whose first replay had a rival started with it
+    replays_during_run: int = 0  # replays tried while the run lived ...
+    refused_during_run: int = 0  # ... that left the spools alone (in use)
+    damaged_spools: int = 0  # iterations with spool bytes overwritten before the replay
+    damaged_steps: int = 0  # steps whose spool lines were damaged (may be lost, never doubled)
     per_tracker: dict[str, Counts] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)  # one line per iteration
@@ -267,6 +350,13 @@ class RunSummary:
         self.log.append(f"{result.plan.describe()} | {result.what_happened} | {rows}")
         self.kills += result.kills
         self.replay_kills += result.replay_kills
+        plan = result.plan
+        self.relative_paths += plan.relative_paths
+        self.concurrent_replays += plan.concurrent_replays
+        self.replays_during_run += plan.replay_during_run
+        self.refused_during_run += result.refused_during_run
+        self.damaged_spools += plan.corrupt is not None
+        self.damaged_steps += result.damaged_steps
         for tracker, counts in result.counts.items():
             self.per_tracker.setdefault(tracker, Counts())
             self.per_tracker[tracker] += counts
@@ -289,6 +379,12 @@ class RunSummary:
             "kills_injected": self.kills + self.replay_kills,
             "training_kills": self.kills,
             "replay_kills": self.replay_kills,
+            "relative_paths": self.relative_paths,
+            "concurrent_replays": self.concurrent_replays,
+            "replays_during_run": self.replays_during_run,
+            "refused_during_run": self.refused_during_run,
+            "damaged_spools": self.damaged_spools,
+            "damaged_steps": self.damaged_steps,
             "rows_expected": self.total.expected,
             "rows_delivered": self.total.delivered,
             "expected_rows_delivered": self.total.expected_delivered,

@@ -59,13 +59,17 @@ def ranges(steps: list[int] | set[int]) -> str:
 
 
 def check(
-    delivered: Delivered, returned: dict[int, float], cutoff: float
+    delivered: Delivered,
+    returned: dict[int, float],
+    cutoff: float,
+    damaged: frozenset[int] = frozenset(),
 ) -> tuple[list[Finding], Counts]:
     """Check one tracker's rows. ``returned``: step → when its last ``log_metrics`` returned
-    (CLOCK_MONOTONIC); steps that returned at or before ``cutoff`` must be there."""
+    (CLOCK_MONOTONIC); steps that returned at or before ``cutoff`` must be there, but for the
+    ``damaged`` ones (their spool lines were overwritten: they may be lost, never doubled)."""
     name = delivered.tracker
     findings = [Finding(name, "unreadable", [], p) for p in delivered.problems]
-    expected = {s for s, at in returned.items() if at <= cutoff}
+    expected = {s for s, at in returned.items() if at <= cutoff} - damaged
     # The step being logged at the kill may be there, whole or in part, without its line.
     highest = max(returned, default=-1) + 1
     per_step: dict[int, Counter] = {}

@@ -99,6 +99,13 @@ class IterationPlan:
     replay_slow: bool  # the tracker is slow during the first replay (a kill lands mid-delivery)
     mlflow: bool = False  # a real MLflow server is one of the trackers
     mlflow_down_at: float | None = None  # the MLflow server is stopped then
+    # The operator's seat: the run uses relative paths from its own directory and is replayed
+    # from another one; two replays start at once; a replay is tried while the run still lives;
+    # bytes of one tracker's spool are damaged before the replay (that tracker, else None).
+    relative_paths: bool = False
+    concurrent_replays: bool = False
+    replay_during_run: bool = False
+    corrupt: str | None = None
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -114,10 +121,16 @@ class IterationPlan:
         mlflow = ", mlflow" if self.mlflow else ""
         if self.mlflow_down_at is not None:
             mlflow += f" down at {self.mlflow_down_at:.2f}s"
+        seat = [name for name, on in (("relative paths", self.relative_paths),
+                                      ("two replays at once", self.concurrent_replays),
+                                      ("replay during the run", self.replay_during_run)) if on]
+        if self.corrupt:
+            seat.append(f"{self.corrupt} spool damaged")
+        operator = f", {', '.join(seat)}" if seat else ""
         return (
             f"seed={self.seed} kill={self.kill_point}/{self.signal}@{self.kill_delay:.3f}s "
             f"steps={self.steps} long_steps={self.long_steps} faultfile={self.tracker_mode}"
-            f"{outage}{replay}{mlflow}"
+            f"{outage}{replay}{mlflow}{operator}"
         )
 
 
@@ -157,4 +170,10 @@ def make_plan(
         replay_slow=replay_kill and rng.random() < 0.8,
         mlflow=mlflow,
         mlflow_down_at=(rng.uniform(0.0, 1.5) if mlflow and rng.random() < 0.3 else None),
+        relative_paths=rng.random() < 0.3,
+        concurrent_replays=rng.random() < 0.25,
+        replay_during_run=rng.random() < 0.25,
+        corrupt=(
+            rng.choice(["jsonl", "tensorboard", "faultfile"]) if rng.random() < 0.25 else None
+        ),
     )
