@@ -55,10 +55,16 @@ def test_last_takes_the_latest_value_by_wall_clock():
 def test_timings_take_the_max_of_each_workers_total_with_opt_in_min_and_mean():
     snaps = [timing_snapshot(0, 1.0), timing_snapshot(1, 3.0), timing_snapshot(2, 2.0)]
     snaps.append(timing_snapshot(0, 2.5))  # a second snapshot of rank 0: its total is 3.5
-    assert merge_snapshots(snaps) == {"timing/step": 3.5}
+    # rank 0 is the slowest (3.5 s against a median of 3.0 s over the totals 3.5, 3.0, 2.0)
+    straggler = {"timing/step/slowest_rank": 0.0, "timing/step/skew": 3.5 / 3.0}
+    assert merge_snapshots(snaps) == {"timing/step": 3.5, **straggler}
     rows = merge_snapshots(snaps, {"timing/*": ["max", "min", "mean"]})
-    assert rows == {"timing/step": 3.5, "timing/step/min": 2.0, "timing/step/mean": 8.5 / 3}
+    assert rows == {"timing/step": 3.5, "timing/step/min": 2.0, "timing/step/mean": 8.5 / 3,
+                    **straggler}  # fmt: skip
+    # not reduced with max: no slowest rank
     assert merge_snapshots(snaps, {"timing/step": "sum"}) == {"timing/step": 8.5}
+    # one worker: nobody to be slower than
+    assert merge_snapshots([timing_snapshot(0, 1.0)]) == {"timing/step": 1.0}
 
 
 def test_histograms_from_four_workers_merge_to_the_histogram_of_all_raw_values():
@@ -164,6 +170,8 @@ def test_log_worker_metrics_lands_at_the_step_in_jsonl_and_tensorboard(log_dir):
             "train/sample_count": 8.0,
             "train/timing/update": 2.0 + s,
             "train/timing/update/mean": 1.5 + s,
+            "train/timing/update/slowest_rank": 1.0,
+            "train/timing/update/skew": (2.0 + s) / (1.5 + s),  # max ÷ median of two
         }
         for s in range(3)
     }

@@ -112,7 +112,8 @@ def test_values_are_reduced_and_identical_on_every_rank(ranks):
         assert (small["timing/gen"], small["timing/gen/min"], small["timing/gen/mean"]) == (
             2.0, 1.0, 1.5,
         )  # fmt: skip
-        assert len(result["large"]) == 1000 + 6
+        assert (small["timing/gen/slowest_rank"], small["timing/gen/skew"]) == (1.0, 2.0 / 1.5)
+        assert len(result["large"]) == 1000 + 6 + 2
         assert result["large"]["loss_999"] == 999.5
     assert ranks[0]["small"] == ranks[1]["small"] and ranks[0]["large"] == ranks[1]["large"]
 
@@ -128,6 +129,8 @@ def test_keys_on_only_one_rank_are_reduced_over_the_ranks_that_have_them(ranks):
         assert (
             uneven["timing/only1"], uneven["timing/only1/min"], uneven["timing/only1/mean"]
         ) == (2.0, 2.0, 2.0)
+        # held by one rank: it is the slowest, and as slow as the typical one
+        assert (uneven["timing/only1/slowest_rank"], uneven["timing/only1/skew"]) == (1.0, 1.0)
         assert not any(math.isnan(v) or math.isinf(v) for v in uneven.values())
         assert "'x'" in result["conflict"] and "['sum']" in result["conflict"]
         assert result["empty"] == {}
@@ -137,9 +140,12 @@ def test_keys_on_only_one_rank_are_reduced_over_the_ranks_that_have_them(ranks):
 @pytest.mark.slow
 def test_collectives_do_not_grow_with_the_number_of_keys(ranks):
     for result in ranks:
-        # same keys everywhere: the key-set hash check, one MAX and one SUM all_reduce
-        assert result["small_calls"] == result["large_calls"] == {"all_reduce": 3}
+        # same keys everywhere: the key-set hash check, one MAX and one SUM all_reduce, and one
+        # all_gather of the timings for their slowest rank and skew
+        assert result["small_calls"] == result["large_calls"] == {
+            "all_reduce": 3, "all_gather": 1,
+        }  # fmt: skip
         # different keys: the hash disagrees → the key lists are exchanged once
         assert result["uneven_calls"] == result["uneven_large_calls"] == {
-            "all_reduce": 3, "all_gather_object": 1,
+            "all_reduce": 3, "all_gather_object": 1, "all_gather": 1,
         }  # fmt: skip

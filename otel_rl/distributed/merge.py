@@ -9,7 +9,9 @@ Semantics (also in docs/distributed.md):
   over those workers.
 - timings: each worker's total for the step (several snapshots of one worker add up), then
   ``max`` across workers unless a rule says ``min``, ``mean`` or ``sum`` (or a list, such as
-  ``["max", "min", "mean"]``, for ``/min`` and ``/mean`` too).
+  ``["max", "min", "mean"]``, for ``/min`` and ``/mean`` too). A timing reduced with ``max``
+  over two or more workers also gets ``/slowest_rank`` (the rank of the slowest worker; the
+  lowest rank on a tie) and ``/skew`` (max ÷ median of the workers' totals; see :func:`skew`).
 - histograms (OTel histograms from ``WorkerMetrics.meter``): merged exactly (counts per bucket,
   count, sum, min, max); logged as the histogram plus ``/count, /sum, /mean, /min, /max``.
 
@@ -23,6 +25,7 @@ left out.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -124,6 +127,10 @@ def merge_snapshots(
         out[full] = _timing_value(totals, spec[0])
         for extra in spec[1:]:
             out[f"{full}/{extra}"] = _timing_value(totals, extra)
+        if "max" in spec and len(per_worker) > 1:
+            slowest = max(per_worker.items(), key=lambda item: (item[1], -item[0][1]))
+            out[f"{full}/slowest_rank"] = float(slowest[0][1])
+            out[f"{full}/skew"] = skew(totals)
     for key, (bounds, counts, count, total, lo, hi) in histograms.items():
         if key in conflicts:
             continue
@@ -235,6 +242,18 @@ def _timing_value(totals: list[float], reduction: str) -> float:
     if reduction == "sum":
         return math.fsum(totals)
     return math.fsum(totals) / len(totals)
+
+
+def skew(values: list[float]) -> float:
+    """How far the slowest is from the typical one: ``max ÷ median`` of ``values`` (1.0 when all
+    are equal; ``inf`` when the median is 0 and the max is not). NaNs are left out."""
+    finite = [v for v in values if v == v]
+    if not finite:
+        return math.nan
+    top, middle = max(finite), statistics.median(finite)
+    if middle > 0:
+        return top / middle
+    return 1.0 if top == middle else math.inf
 
 
 def _name(worker: tuple[str, int]) -> str:

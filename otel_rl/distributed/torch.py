@@ -10,7 +10,12 @@
 3. ``all_reduce(SUM)`` of one vector: the ``sum`` values, the weighted values and weights of
    ``mean`` keys, and the ``last`` values (only the owning rank contributes).
 
-Steps 2 and 3 are skipped when no key needs them (the same decision on every rank, as every rank
+4. For timings (keys under ``timing/`` reduced with ``max``), when there are two ranks or more:
+   one ``all_gather`` of their values, for ``<key>/slowest_rank`` (the rank with the largest
+   value; the lowest rank on a tie) and ``<key>/skew`` (max ÷ median across the ranks holding
+   the key): one extra collective whatever the number of timings.
+
+Steps 2 to 4 are skipped when no key needs them (the same decision on every rank, as every rank
 then holds the same key list). A key present on only
 some ranks is reduced over the ranks that have it: its ``sum`` adds what they hold, ``mean``
 weighs only them, ``min``/``max`` ignore the others, and ``last`` is the value of the
@@ -27,6 +32,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from otel_rl.distributed.merge import skew
 from otel_rl.distributed.reductions import (
     DEFAULT_SCALAR,
     ReductionConflictError,
@@ -82,7 +88,32 @@ def reduce_across_ranks(
     reduced_max = _all_reduce(torch, dist, maxima, "max", group, device) if maxima else []
     sums = _sum_vector(signature, local, owners, rank)
     reduced_sum = _all_reduce(torch, dist, sums, "sum", group, device) if sums else []
-    return _results(signature, reduced_max, reduced_sum)
+    out = _results(signature, reduced_max, reduced_sum)
+    timings = [key for key, spec in signature if "max" in spec and is_timing(key)]
+    if timings and world > 1:
+        mine = [local[key][1] if key in local else math.nan for key in timings]
+        rows = _all_gather(torch, dist, mine, world, group, device)
+        for column, key in enumerate(timings):
+            per_rank = [row[column] for row in rows]
+            held = [(value, r) for r, value in enumerate(per_rank) if value == value]
+            slowest = max(held, key=lambda item: (item[0], -item[1]))[1]
+            out[f"{key}/slowest_rank"] = float(slowest)
+            out[f"{key}/skew"] = skew(per_rank)
+    return out
+
+
+def is_timing(key: str) -> bool:
+    """A key under ``timing/`` (``timing/generation``, ``timing/train/step``)."""
+    return key.startswith("timing/")
+
+
+def _all_gather(
+    torch: Any, dist: Any, values: list[float], world: int, group: Any, device: Any
+) -> list[list[float]]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    parts = [torch.empty_like(tensor) for _ in range(world)]
+    dist.all_gather(parts, tensor, group=group)
+    return [part.tolist() for part in parts]
 
 
 def _default_device(dist: Any, group: Any) -> Any:
