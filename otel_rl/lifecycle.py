@@ -20,11 +20,15 @@ A wait inside otel-rl (``flush()``, a full ``block`` queue, a distributed collec
 
 **Exit codes.** Python runs ``atexit`` after an uncaught ``SystemExit`` without telling anyone
 its code. ``sys.exit`` is wrapped (once, on the first Logger) to remember the code, an uncaught
-exception is remembered by ``sys.excepthook`` (1; ``KeyboardInterrupt`` 130) and a handled signal
+exception is remembered by ``sys.excepthook`` (1; ``KeyboardInterrupt`` 130; read from
+``sys.last_value`` when the application replaced the hook without chaining) and a handled signal
 by its handler (128 + signal number), so that the ``atexit`` finish closes the trackers with the
-code the process exits with. Not seen: ``raise SystemExit(n)`` outside a ``with Logger(...)``
-block, ``sys.exit`` bound before the first Logger (``from sys import exit``), and ``os._exit``
-(no ``atexit`` at all: ``otel-rl replay`` closes such runs with 137).
+code the process exits with, whether or not the Logger handles signals. A ``finish()`` given no
+code while an exception is handled or propagating (``finally:``) takes that exception's
+(:func:`exit_code_now`): a crash is a failure whichever idiom ends the run. Not seen:
+``raise SystemExit(n)`` outside a ``with Logger(...)`` block, ``sys.exit`` bound before the
+first Logger (``from sys import exit``), and ``os._exit`` (no ``atexit`` at all:
+``otel-rl replay`` closes such runs with 137).
 
 **Fork.** A child made by ``fork`` (``multiprocessing``'s default on Linux before Python 3.14,
 ``os.fork``) inherits the parent's Loggers but none of their threads, and possibly locks held by
@@ -129,10 +133,13 @@ def _uncaught_code() -> int | None:
     """The code of an exception that reached the top of the main thread since a Logger started,
     when our ``sys.excepthook`` did not see it (the application replaced it without chaining).
 
-    Python stores such an exception in ``sys.last_value`` before calling any hook. An
-    interactive session stores every error of a line there and goes on, so there it means
-    nothing; an error from before the newest Logger started is not that run's.
+    Python stores such an exception in ``sys.last_value`` before calling any hook. It is
+    believed only at interpreter exit: before that the process did not die of it (an
+    interactive session, or pytest, stores every error there and goes on), and an error from
+    before the newest Logger started is not that run's.
     """
+    if not getattr(threading, "_SHUTTING_DOWN", False):
+        return None
     last = getattr(sys, "last_value", None)
     if last is None or last is _exit["last_value_at_start"]:
         return None

@@ -1,11 +1,13 @@
 """How a run ends in a tracker with a run status, whatever idiom the program uses.
 
 Each training script is a real ``python`` subprocess logging to a real ``mlflow server`` on
-127.0.0.1; the run's status and metric history are read back from the server.
+127.0.0.1 (the run's status and metric history are read back from the server) or to JSONL (the
+rows and the exit code its spool recorded at close).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,13 +19,11 @@ from pathlib import Path
 import pytest
 
 from tests import servers
+from tests.readers import jsonl_rows
 from tests.servers import MlflowServer
 
 mlflow_server = servers.mlflow_server
 
-pytest.importorskip("mlflow")
-
-pytestmark = pytest.mark.slow  # the shared server start plus MLflow's import in each child
 
 _HEAD = """
 import sys
@@ -159,7 +159,9 @@ finally:
 }
 
 
-def _run(server: MlflowServer, log_dir: Path, script: str) -> tuple[subprocess.CompletedProcess, str]:
+def _run(
+    server: MlflowServer, log_dir: Path, script: str
+) -> tuple[subprocess.CompletedProcess, str]:
     experiment = f"run-end-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     result = subprocess.run(
@@ -170,8 +172,10 @@ def _run(server: MlflowServer, log_dir: Path, script: str) -> tuple[subprocess.C
     return result, experiment
 
 
+@pytest.mark.slow  # the shared server start plus MLflow's import in each child
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_mlflow_status_says_how_the_run_ended(mlflow_server, log_dir, case):
+    pytest.importorskip("mlflow")
     from mlflow import MlflowClient
 
     script, status, code = CASES[case]
@@ -182,3 +186,34 @@ def test_the_mlflow_status_says_how_the_run_ended(mlflow_server, log_dir, case):
     assert run.info.status == status, result.stderr
     history = client.get_metric_history(run.info.run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(0, 0.0), (1, 0.1), (2, 0.2)]
+
+
+_GENERATOR = """
+import sys
+from otel_rl import Logger
+
+def steps(logger):
+    try:
+        for step in range(1_000):
+            logger.log_metrics({"loss": step / 10}, step=step)
+            yield step
+    finally:
+        logger.finish()  # reached by GeneratorExit when the consumer stops early
+
+logger = Logger({"log_dir": sys.argv[1]})
+for step in steps(logger):
+    if step == 2:
+        break
+"""
+
+
+def test_a_generator_closed_early_is_not_a_failed_run(log_dir):
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_GENERATOR), str(log_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = jsonl_rows(log_dir / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [(0, 0.0), (1, 0.1), (2, 0.2)]
+    (meta,) = [json.loads(p.read_text()) for p in log_dir.glob(".otel-rl/spool/*/*/meta.json")]
+    assert meta["exit_code"] == 0
