@@ -97,8 +97,9 @@ def test_a_rank_slowest_in_most_of_the_window_is_named_once(log_dir, otel_rl_war
     with Logger({"log_dir": str(log_dir), "stalls": {"straggler_window": 10}}) as logger:
         for step in range(30):
             slowest = 1 if step % 10 in (2, 5, 8) else 3
-            logger.log_metrics({"timing/train/step": 1.0, "timing/train/step/slowest_rank":
-                                float(slowest), "timing/train/step/skew": 1.5}, step=step)  # fmt: skip
+            rows = {"timing/train/step": 1.0, "timing/train/step/slowest_rank": float(slowest),
+                    "timing/train/step/skew": 1.5}  # fmt: skip
+            logger.log_metrics(rows, step=step)
     said = [r.getMessage() for r in otel_rl_warnings.records if "the slowest" in r.getMessage()]
     assert len(said) == 1
     assert "rank 3 was the slowest at timing/train/step in 7 of the last 10 steps" in said[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,11 +19,7 @@ def plain(value: Any) -> Any:
 
 
 def exit_code_now() -> int:
-    """The exit code for a run finished right now: from the exception being handled or
-    propagating, else from the process's exit path (0 when all is well)."""
-    from otel_rl.exit import exit_code_hint, exit_code_of
+    """The exit code for a run finished right now (:func:`otel_rl.lifecycle.exit_code_now`)."""
+    from otel_rl.lifecycle import exit_code_now as now
 
-    exc_type, exc, _ = sys.exc_info()
-    if exc_type is not None:
-        return exit_code_of(exc_type, exc)
-    return exit_code_hint()
+    return now()
