@@ -395,7 +395,9 @@ def _nemo_rl_artifact_location(core: dict[str, Any]) -> None:
 
 def _merge_worker_lists(metrics: Any) -> Any:
     """NeMo RL's ``generation_logger_metrics`` (``{metric: {worker: [values]}}``) as one list
-    per metric, so each metric gets one set of summary statistics across the cluster."""
+    per metric, so each metric gets one set of summary statistics across the cluster. A metric
+    no worker sampled in the step (NeMo RL sends ``{}``: a generation shorter than one polling
+    interval, a Dynamo alias without a source) has nothing to summarise and no row."""
     if not isinstance(metrics, Mapping):
         return metrics
     per_metric = metrics.get("generation_logger_metrics")
@@ -407,7 +409,8 @@ def _merge_worker_lists(metrics: Any) -> Any:
             values: list[Any] = []
             for samples in by_worker.values():
                 values.extend(samples if isinstance(samples, (list, tuple)) else [samples])
-            merged[metric] = values
+            if values:
+                merged[metric] = values
         else:
             merged[metric] = by_worker
     return {**metrics, "generation_logger_metrics": merged}
