@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from otel_rl.fork_safe_log import log as _log
 
@@ -33,7 +33,7 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import NotRequired
 
-from otel_rl.compat.common import exit_code_now, plain
+from otel_rl.compat.common import exit_code_now
 from otel_rl.compat.live import NEMO_RL_LOGGERS
 from otel_rl.compat.message_samples import (
     SAMPLE_COLUMNS,
@@ -47,7 +47,11 @@ from otel_rl.compat.nemo_utils import (
     get_next_experiment_dir,
     log_container_init_timing,
 )
+from otel_rl.compat.verl_config import plain_config
 from otel_rl.paths import path_inside
+
+if TYPE_CHECKING:
+    from otel_rl.timing import Timer as CoreTimer
 
 __all__ = [
     "GPUMonitoringConfig",
@@ -147,6 +151,9 @@ class Logger:
     ``cfg`` is a :class:`LoggerConfig` (any otel-rl config key is accepted as well, see
     docs/configuration.md), a mapping such as an OmegaConf ``DictConfig``, or a YAML path.
     ``artifact_queue`` bounds how many JSONL dumps may wait in memory for the disk.
+
+    ``self.core`` is the :class:`otel_rl.Logger` underneath; ``timer``, ``prometheus_url``,
+    ``otlp_endpoint``, ``rollout_monitor`` and ``gpu_monitor`` are its own.
     """
 
     def __init__(
@@ -295,6 +302,28 @@ class Logger:
 
     # ---- otel-rl additions --------------------------------------------------------------------
 
+    @property
+    def prometheus_url(self) -> str | None:
+        """The ``/metrics`` URL this run serves (``prometheus.enabled``), else ``None``."""
+        url: str | None = self.core.prometheus_url
+        return url
+
+    @property
+    def otlp_endpoint(self) -> str | None:
+        """Where OTLP metrics are pushed (``otlp.enabled``), else ``None``."""
+        endpoint: str | None = self.core.otlp_endpoint
+        return endpoint
+
+    @property
+    def rollout_monitor(self) -> Any:
+        """The inference-engine monitor (``rollout_monitoring``), else ``None``."""
+        return self.core.rollout_monitor
+
+    def timer(self, name: str) -> CoreTimer:
+        """Time a block into ``timing/<name>`` (seconds), in the row of the next
+        ``log_metrics`` step (NeMo RL's :class:`Timer` is here too, for its own dict)."""
+        return self.core.timer(name)
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every dump is on disk and every tracker has written what was logged."""
         artifacts_done = self.artifacts.flush(timeout)
@@ -362,7 +391,9 @@ def _core_config(cfg: Any) -> tuple[dict[str, Any], bool]:
     if isinstance(cfg, (str, os.PathLike, Path)) or cfg is None:
         core = load_config(cfg)
     else:
-        core = plain(cfg)
+        # An OmegaConf DictConfig resolved as a whole: its lists become lists (the schema takes
+        # no ListConfig) and ${...} interpolations their values.
+        core = plain_config(cfg, "logger config")
     # NeMo RL creates exactly the backends a config enables: otel-rl's JSONL tracker (on by
     # default in otel_rl.Logger) only when asked for.
     core.setdefault("jsonl_enabled", False)

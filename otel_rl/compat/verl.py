@@ -6,11 +6,11 @@ Change one import line::
     from otel_rl.compat.verl import Tracking, ValidationGenerationsLogger
 
 Backends ``console, wandb, mlflow, swanlab, tensorboard, trackio, file`` configured from verl's
-environment variables (:mod:`otel_rl.compat.verl_config`), every write on the trackers' own
-threads. ``ValidationGenerationsLogger`` writes through the live ``Tracking``, or on its own where
-none lives (verl's async rollouter). Differences on purpose (docs/migrating.md): an unknown
-backend is a
-:class:`~otel_rl.ConfigError` naming the supported ones, not an ``AssertionError``; the ``file``
+environment variables, otel-rl's own options from ``config["otel_rl"]``
+(:mod:`otel_rl.compat.verl_config`), every write on the trackers' own threads.
+``ValidationGenerationsLogger`` writes through the live ``Tracking``, or on its own where none
+lives (verl's async rollouter). Differences on purpose (docs/migrating.md): an unknown backend is
+a :class:`~otel_rl.ConfigError` naming the supported ones, not an ``AssertionError``; the ``file``
 backend appends; ``finish(exit_code)`` (or leaving a ``with`` block with an exception) marks a
 crashed run failed in W&B, MLflow, SwanLab and TensorBoard's HPARAMS.
 """
@@ -21,17 +21,22 @@ import dataclasses
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from otel_rl.compat.common import exit_code_now, plain
+from otel_rl.compat.common import exit_code_now
 from otel_rl.compat.live import VERL_TRACKINGS
 from otel_rl.compat.verl_config import (
     SUPPORTED_BACKENDS,
     backend_names,
     core_config,
     file_logger_path,
+    plain_config,
+    tracking_config,
 )
 from otel_rl.fork_safe_log import log as _log
+
+if TYPE_CHECKING:
+    from otel_rl.timing import Timer
 
 __all__ = ["Tracking", "ValidationGenerationsLogger", "active_tracking"]
 
@@ -52,9 +57,15 @@ def active_tracking() -> Tracking | None:
 class Tracking:
     """verl's ``Tracking``: ``log(data, step, backend=None)`` to every configured backend.
 
-    ``config`` (a dict or OmegaConf container) is logged as hyperparameters: W&B config, MLflow
-    params, TensorBoard HPARAMS, SwanLab/Trackio config. ``self.core`` is the
-    :class:`otel_rl.Logger` underneath (timers, ``log_table``, ``flush``...).
+    ``config`` (a dict or OmegaConf container, interpolations resolved) is logged as
+    hyperparameters: W&B config, MLflow params, TensorBoard HPARAMS, SwanLab/Trackio config.
+    Its ``otel_rl`` mapping holds otel-rl's own options, with :class:`otel_rl.Logger`'s keys
+    (``prometheus``, ``otlp``, ``rollout_monitoring``, ``tensorboard_enabled``...), over the
+    ``OTEL_RL_CONFIG`` file and under what verl is told itself (the backends, the names and
+    verl's environment variables; :func:`~otel_rl.compat.verl_config.tracking_config`).
+
+    ``self.core`` is the :class:`otel_rl.Logger` underneath; ``timer``, ``prometheus_url``,
+    ``otlp_endpoint``, ``rollout_monitor`` and ``gpu_monitor`` are its own.
     """
 
     supported_backend = list(SUPPORTED_BACKENDS)
@@ -77,8 +88,8 @@ class Tracking:
         self.experiment_name = str(experiment_name)
         self.backends = backend_names(default_backend)
         self.finished = False
-        params = plain(config) if config is not None else None
-        cfg = core_config(self.project_name, self.experiment_name, self.backends, params)
+        params = plain_config(config, "Tracking config") if config is not None else None
+        cfg = tracking_config(self.project_name, self.experiment_name, self.backends, params)
         extra: list[Any] = []
         if "console" in self.backends:
             #: verl's ``LocalLogger`` of the console backend (only with ``console``, as there).
@@ -90,11 +101,43 @@ class Tracking:
         self.core = CoreLogger(cfg, exporters=extra)
         #: backend name → its tracker exporter (verl: backend name → logger object).
         self.logger: dict[str, Any] = {e.name: e for e in self.core.exporters}
+        # Trackers switched on in config["otel_rl"] are backends like the ones verl named:
+        # log(backend=...) and the validation generations reach them too.
+        added = [n for n in self.logger if n in SUPPORTED_BACKENDS and n not in self.backends]
+        self.backends += added
         if "mlflow" in self.logger:
             use_verl_mlflow_names(self.logger["mlflow"])
         if params:
             self.core.log_hyperparams(params)
         VERL_TRACKINGS.add(self)
+
+    # ---- what the core Logger exposes --------------------------------------------------------
+
+    @property
+    def prometheus_url(self) -> str | None:
+        """The ``/metrics`` URL this run serves (``otel_rl.prometheus.enabled``), else ``None``."""
+        url: str | None = self.core.prometheus_url
+        return url
+
+    @property
+    def otlp_endpoint(self) -> str | None:
+        """Where OTLP metrics are pushed (``otel_rl.otlp.enabled``), else ``None``."""
+        endpoint: str | None = self.core.otlp_endpoint
+        return endpoint
+
+    @property
+    def rollout_monitor(self) -> Any:
+        """The inference-engine monitor (``otel_rl.rollout_monitoring``), else ``None``."""
+        return self.core.rollout_monitor
+
+    @property
+    def gpu_monitor(self) -> Any:
+        """The Ray GPU/node monitor (``otel_rl.monitor_gpus``), else ``None``."""
+        return self.core.gpu_monitor
+
+    def timer(self, name: str) -> Timer:
+        """Time a block into ``timing/<name>`` (seconds), in the row of the next ``log()``."""
+        return self.core.timer(name)
 
     def log(
         self, data: Mapping[str, Any], step: int, backend: str | Iterable[str] | None = None
@@ -171,8 +214,8 @@ class ValidationGenerationsLogger:
     ``log(loggers, samples, step)`` sends them to the backends named in ``loggers``, each in its
     own form under ``val/generations``: W&B a table with one row per validation step (``step,
     input_1, output_1, score_1, ...``, verl's layout, rows accumulating), MLflow a JSON artifact
-    ``tables/val/generations/step_<N>.json``, TensorBoard a Markdown table in the TEXT tab,
-    SwanLab the same Markdown as ``swanlab.Text``, Trackio a table.
+    ``tables/val/generations/step_<N>.json``, TensorBoard verl's text in the TEXT tab
+    (:func:`generations_text`), SwanLab a Markdown table as ``swanlab.Text``, Trackio a table.
 
     They go through ``tracking``, else the live :class:`Tracking` (its enabled backends only).
     Where no Tracking lives (verl's async rollouter creates this logger on its own), it writes
@@ -201,12 +244,16 @@ class ValidationGenerationsLogger:
         from otel_rl.compat.tracker_tables import cell, submit_table
 
         names = set(backend_names(loggers))
-        rows = [tuple(cell(v) for v in _triple(sample)) for sample in samples]
+        given = [tuple(sample) for sample in samples]
+        rows = [tuple(cell(v) for v in _triple(sample)) for sample in given]
         tracking = self.tracking or active_tracking()
         if tracking is None:
-            self._log_standalone(names, rows, int(step))
+            self._log_standalone(names, given, rows, int(step))
             return
         names &= set(tracking.backends)
+        if "tensorboard" in names:
+            _to_tensorboard(tracking.core.fanout, given, int(step))
+        names.discard("tensorboard")
         per_tracker = {"wandb": self._wide_table(rows, int(step))} if "wandb" in names else {}
         submit_table(
             tracking.core.fanout,
@@ -253,11 +300,20 @@ class ValidationGenerationsLogger:
 
     # ---- standalone ------------------------------------------------------------------------
 
-    def _log_standalone(self, names: set[str], rows: list[tuple[Any, ...]], step: int) -> None:
+    def _log_standalone(
+        self,
+        names: set[str],
+        samples: list[tuple[Any, ...]],
+        rows: list[tuple[Any, ...]],
+        step: int,
+    ) -> None:
         from otel_rl.compat.tracker_tables import submit_table
 
         for name in sorted(names):
-            if name in OWN_TRACKER_BACKENDS:
+            if name == "tensorboard":
+                core = self._own.get(name) or self._own_tracker(name)
+                _to_tensorboard(core.fanout, samples, step)
+            elif name in OWN_TRACKER_BACKENDS:
                 core = self._own.get(name) or self._own_tracker(name)
                 submit_table(core.fanout, GENERATIONS_KEY, step, GENERATIONS_COLUMNS, rows)
             elif name == "wandb":
@@ -340,3 +396,49 @@ def _triple(sample: Sequence[Any]) -> tuple[Any, Any, Any]:
     values = list(sample)[:3]
     values += [""] * (3 - len(values))
     return values[0], values[1], values[2]
+
+
+#: Longest cell of the summary table above the samples (each sample follows in full).
+SUMMARY_CELL = 80
+
+
+def generations_text(samples: Sequence[Sequence[Any]], step: int) -> str:
+    """The generations at ``step`` as verl writes them to TensorBoard's TEXT tab.
+
+    verl's layout: the heading ``**Generation Results - Step N**``, then per sample a section
+    ``### Sample i`` with ``**Input:**``, ``**Output:**`` and ``**Score:**`` paragraphs (a
+    sample of fewer than three values: ``**Data:**`` and the sample), closed by ``---``. Added
+    between the heading and the sections: a Markdown table with one line per sample (text cut
+    at :data:`SUMMARY_CELL` characters), to compare the scores without scrolling.
+    """
+    from otel_rl.compat.tracker_tables import cell
+    from otel_rl.exporters.tensorboard_summaries import markdown_table
+
+    summary = [tuple(_cut(cell(v)) for v in _triple(sample)) for sample in samples]
+    parts = [f"**Generation Results - Step {step}**\n\n"]
+    if samples:
+        parts.append(markdown_table(GENERATIONS_COLUMNS, summary) + "\n\n")
+    for i, sample in enumerate(samples, start=1):
+        parts.append(f"### Sample {i}\n")
+        if len(sample) >= 3:
+            parts.append(f"**Input:** {sample[0]}\n\n")
+            parts.append(f"**Output:** {sample[1]}\n\n")
+            parts.append(f"**Score:** {sample[2]}\n\n")
+        else:
+            parts.append(f"**Data:** {sample}\n\n")
+        parts.append("---\n\n")
+    return "".join(parts)
+
+
+def _cut(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > SUMMARY_CELL:
+        return value[: SUMMARY_CELL - 1] + "…"
+    return value
+
+
+def _to_tensorboard(fanout: Any, samples: Sequence[Sequence[Any]], step: int) -> None:
+    """verl's text at ``step`` under ``val/generations`` (TensorBoard's text plugin)."""
+    from otel_rl.records import StepBatch
+
+    text = generations_text(samples, step)
+    fanout.send(StepBatch(step=step, values={GENERATIONS_KEY: text}), to=("tensorboard",))

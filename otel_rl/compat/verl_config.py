@@ -16,17 +16,24 @@ deprecated alias of ``wandb``). Environment variables, read as verl reads them:
 ``OTEL_RL_LOG_DIR``         otel-rl's own directory (spool, default MLflow store); default
                             ``otel_rl_logs/<project>/<experiment>``
 ==========================  =====================================================================
+
+Every other option of :class:`otel_rl.Logger` (Prometheus, OTLP, rollout and GPU monitoring,
+export, more trackers...) comes from ``config["otel_rl"]`` in verl's own config and from the
+``OTEL_RL_CONFIG`` file, with the Logger's keys; :func:`tracking_config` gives the precedence.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import sys
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from otel_rl.env_config import CONFIG_ENV
 from otel_rl.errors import ConfigError
+from otel_rl.fork_safe_log import log as _log
 
 #: verl's backends that otel-rl serves.
 SUPPORTED_BACKENDS = ("wandb", "mlflow", "swanlab", "tensorboard", "console", "trackio", "file")
@@ -39,6 +46,11 @@ UNSUPPORTED_BACKENDS = {
     "'otel_rl.exporters' entry-point group and enabled with Logger's 'trackers' config",
 }
 _ALIASES = {"tracking": "wandb"}
+#: Where otel-rl's own options live in verl's config.
+SECTION = "otel_rl"
+#: The core Logger's trackers that are verl backends too (each switched by ``<name>_enabled``).
+_TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab", "trackio")
+_MISSING = object()
 
 
 def backend_names(default_backend: str | Iterable[str] | None) -> list[str]:
@@ -80,54 +92,236 @@ def core_config(
     config: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """otel-rl's logger config for these backends (``console`` and ``file`` are not in it:
-    they are verl-format exporters the Tracking adds itself)."""
+    """otel-rl's logger config from verl's settings alone: the backends, the names and verl's
+    environment variables (``console`` and ``file`` are not in it: they are verl-format
+    exporters the Tracking adds itself). ``config`` is verl's config, read for
+    ``trainer.wandb_proxy`` only."""
     env = os.environ if environ is None else environ
-    log_dir = env.get("OTEL_RL_LOG_DIR") or os.path.join("otel_rl_logs", project, experiment)
-    cfg: dict[str, Any] = {"log_dir": log_dir, "jsonl_enabled": False}
+    return _layered(project, experiment, backends, config, env, {}, lambda path: "")
+
+
+def tracking_config(
+    project: str,
+    experiment: str,
+    backends: list[str],
+    config: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """``Tracking``'s logger config: otel-rl's options from the ``OTEL_RL_CONFIG`` file and
+    ``config["otel_rl"]``, with verl's settings on top.
+
+    Precedence, lowest first:
+
+    1. verl's defaults (``tensorboard_log/<project>/<experiment>``, ``swanlog``, log dir
+       ``otel_rl_logs/<project>/<experiment>``, no JSONL tracker);
+    2. the ``OTEL_RL_CONFIG`` file;
+    3. ``config["otel_rl"]`` (a plain mapping; see :func:`plain_config` for OmegaConf);
+    4. what verl itself is told: the trackers ``default_backend`` names are on, each tracker's
+       project and run are ``project_name``/``experiment_name``, and verl's environment
+       variables that are set (``TENSORBOARD_DIR``, ``MLFLOW_TRACKING_URI``, ...,
+       ``OTEL_RL_LOG_DIR``) and ``trainer.wandb_proxy`` decide what they decide.
+
+    A value of layer 2 or 3 that layer 4 replaces is reported once, naming both. Each of
+    layers 2 and 3 is checked on its own first (unknown keys with the nearest valid one, types),
+    so an error names where the mistake is; the merged config is checked again by the Logger.
+    """
+    env = os.environ if environ is None else environ
+    from_file = _config_file(env)
+    section = otel_rl_section(config)
+    user = _merged(from_file, section)
+
+    def origin(path: tuple[str, ...]) -> str:
+        if _lookup(section, path) is not _MISSING:
+            return f"verl config '{SECTION}'"
+        return f"the {CONFIG_ENV} file {env.get(CONFIG_ENV)}"
+
+    return _layered(project, experiment, backends, config, env, user, origin)
+
+
+def otel_rl_section(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``config["otel_rl"]`` checked against the logger config's keys (``{}`` when absent).
+
+    ``config`` is plain already (:func:`plain_config`). A key mistake is the Logger's
+    :class:`ConfigError` (``did you mean ...``), prefixed with where the section is.
+    """
+    if not isinstance(config, Mapping):
+        return {}
+    section = config.get(SECTION)
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(
+            f"verl config '{SECTION}' must be a mapping of otel-rl's logger config keys "
+            f"(docs/configuration.md), got {type(section).__name__}"
+        )
+    _check_alone(section, f"verl config '{SECTION}'")
+    return dict(section)
+
+
+def plain_config(value: Any, where: str = "config") -> Any:
+    """``value`` as plain dicts and lists: OmegaConf containers (at any depth) through
+    ``OmegaConf.to_container(resolve=True)``, so ``${...}`` interpolations are resolved; other
+    mappings with string keys, tuples as lists. A ``${...}`` that cannot be resolved is a
+    :class:`ConfigError` naming ``where``."""
+    omegaconf = sys.modules.get("omegaconf")  # an OmegaConf object means it is imported already
+    if omegaconf is not None and isinstance(value, omegaconf.Container):
+        try:
+            value = omegaconf.OmegaConf.to_container(value, resolve=True)
+        except Exception as exc:  # a custom resolver may raise anything, not only omegaconf's
+            detail = " ".join(str(exc).split())
+            raise ConfigError(f"{where}: cannot resolve the OmegaConf config: {detail}") from None
+    if isinstance(value, Mapping):
+        return {str(k): plain_config(v, where) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_config(v, where) for v in value]
+    return value
+
+
+def _layered(
+    project: str,
+    experiment: str,
+    backends: list[str],
+    config: Mapping[str, Any] | None,
+    env: Mapping[str, str],
+    user: dict[str, Any],
+    origin: Callable[[tuple[str, ...]], str],
+) -> dict[str, Any]:
+    on = [name for name in _TRACKERS if name in backends or user.get(f"{name}_enabled") is True]
+    cfg = _merged(_verl_defaults(project, experiment, on), user)
+    for path, value, source in _verl_settings(project, experiment, backends, on, config, env):
+        given = _lookup(user, path)
+        if given is not _MISSING and given != value:
+            _log.warning(
+                "otel-rl: %s sets '%s' to %r; %s (%r) is used instead: what verl is told "
+                "wins over otel-rl's options (docs/migrating.md)",
+                origin(path), ".".join(path), given, source, value,
+            )  # fmt: skip
+        _put(cfg, path, value)
+    return cfg
+
+
+def _verl_defaults(project: str, experiment: str, trackers: list[str]) -> dict[str, Any]:
+    """What verl does when nothing says otherwise (the lowest layer)."""
+    cfg: dict[str, Any] = {
+        "log_dir": os.path.join("otel_rl_logs", project, experiment),
+        "jsonl_enabled": False,
+    }
     if project:  # a standalone ValidationGenerationsLogger may have no names
         cfg["experiment"] = project
-    if "tensorboard" in backends:
-        cfg["tensorboard_enabled"] = True
-        cfg["tensorboard"] = {
-            "log_dir": env.get("TENSORBOARD_DIR")
-            or os.path.join("tensorboard_log", project, experiment)
-        }
-    if "wandb" in backends:
-        wandb: dict[str, Any] = {"project": project, "name": experiment}
-        if env.get("WANDB_ENTITY"):
-            wandb["entity"] = env["WANDB_ENTITY"]
-        if env.get("WANDB_DIR"):
-            wandb["dir"] = env["WANDB_DIR"]
+    if "tensorboard" in trackers:
+        cfg["tensorboard"] = {"log_dir": os.path.join("tensorboard_log", project, experiment)}
+    if "swanlab" in trackers:
+        cfg["swanlab"] = {"log_dir": "swanlog", "config": {"FRAMEWORK": "verl"}}
+    return cfg
+
+
+def _verl_settings(
+    project: str,
+    experiment: str,
+    backends: list[str],
+    trackers: list[str],
+    config: Mapping[str, Any] | None,
+    env: Mapping[str, str],
+) -> list[tuple[tuple[str, ...], Any, str]]:
+    """``(key path, value, where it comes from)`` for what verl itself is told (the top
+    layer): the backends, the run's names and verl's environment variables that are set."""
+    out: list[tuple[tuple[str, ...], Any, str]] = []
+
+    def put(path: str, value: Any, source: str) -> None:
+        out.append((tuple(path.split(".")), value, source))
+
+    def from_env(path: str, name: str) -> None:
+        if env.get(name):
+            put(path, env[name], name)
+
+    from_env("log_dir", "OTEL_RL_LOG_DIR")
+    for name in _TRACKERS:
+        if name in backends:
+            put(f"{name}_enabled", True, "Tracking's default_backend")
+    if "tensorboard" in trackers:
+        from_env("tensorboard.log_dir", "TENSORBOARD_DIR")
+    if "wandb" in trackers:
+        put("wandb.project", project, "Tracking's project_name")
+        put("wandb.name", experiment, "Tracking's experiment_name")
+        from_env("wandb.entity", "WANDB_ENTITY")
+        from_env("wandb.dir", "WANDB_DIR")
         proxy = _trainer(config).get("wandb_proxy")
         if proxy:
-            wandb["settings"] = {"https_proxy": proxy}
-        cfg["wandb_enabled"], cfg["wandb"] = True, wandb
-    if "mlflow" in backends:
+            put("wandb.settings.https_proxy", proxy, "verl config 'trainer.wandb_proxy'")
+    if "mlflow" in trackers:
         # verl: the MLflow experiment is the project, the run name the experiment.
-        mlflow: dict[str, Any] = {}
         if project:
-            mlflow["experiment_name"] = project
+            put("mlflow.experiment_name", project, "Tracking's project_name")
         if experiment:
-            mlflow["run_name"] = experiment
-        if env.get("MLFLOW_TRACKING_URI"):
-            mlflow["tracking_uri"] = env["MLFLOW_TRACKING_URI"]
-        if env.get("MLFLOW_RUN_ID"):
-            mlflow["run_id"] = env["MLFLOW_RUN_ID"]
-        cfg["mlflow_enabled"], cfg["mlflow"] = True, mlflow
-    if "swanlab" in backends:
-        swanlab: dict[str, Any] = {
-            "project": project,
-            "experiment_name": experiment,
-            "log_dir": env.get("SWANLAB_LOG_DIR") or "swanlog",
-            "config": {"FRAMEWORK": "verl"},
-        }
-        if env.get("SWANLAB_MODE"):
-            swanlab["mode"] = env["SWANLAB_MODE"]
-        cfg["swanlab_enabled"], cfg["swanlab"] = True, swanlab
-    if "trackio" in backends:
-        cfg["trackio_enabled"], cfg["trackio"] = True, {"project": project, "name": experiment}
-    return cfg
+            put("mlflow.run_name", experiment, "Tracking's experiment_name")
+        from_env("mlflow.tracking_uri", "MLFLOW_TRACKING_URI")
+        from_env("mlflow.run_id", "MLFLOW_RUN_ID")
+    if "swanlab" in trackers:
+        put("swanlab.project", project, "Tracking's project_name")
+        put("swanlab.experiment_name", experiment, "Tracking's experiment_name")
+        from_env("swanlab.log_dir", "SWANLAB_LOG_DIR")
+        from_env("swanlab.mode", "SWANLAB_MODE")
+    if "trackio" in trackers:
+        put("trackio.project", project, "Tracking's project_name")
+        put("trackio.name", experiment, "Tracking's experiment_name")
+    return out
+
+
+def _config_file(env: Mapping[str, str]) -> dict[str, Any]:
+    """The ``OTEL_RL_CONFIG`` file's logger config (``{}`` when the variable is unset)."""
+    from otel_rl.config import load_config
+
+    path = env.get(CONFIG_ENV)
+    if not path:
+        return {}
+    loaded = load_config(path)
+    _check_alone(loaded, f"{CONFIG_ENV} file {path}")
+    return loaded
+
+
+def _check_alone(section: Mapping[str, Any], where: str) -> None:
+    from otel_rl.config_schema import validate
+
+    try:
+        validate(section)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _merged(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """The layers merged key by key, later ones winning; nested mappings are merged too."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            below = out.get(key)
+            if isinstance(value, Mapping) and isinstance(below, Mapping):
+                out[key] = _merged(below, value)
+            elif isinstance(value, Mapping):
+                out[key] = _merged(value)
+            else:
+                out[key] = value
+    return out
+
+
+def _lookup(cfg: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = cfg
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+def _put(cfg: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = cfg
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            # Unset or null (a section's default), or a value that is no mapping (such as a
+            # ``wandb.Settings`` object): verl's setting starts a section of its own.
+            child = node[key] = {}
+        node = child
+    node[path[-1]] = value
 
 
 def file_logger_path(
