@@ -1,9 +1,16 @@
-"""Timers that record durations (seconds) into an OTel histogram."""
+"""Timers that record durations (seconds) into an OTel histogram, and the spans of timers.
+
+:class:`Timer` is what ``Logger.timer`` and ``WorkerMetrics.timer`` hand out. :class:`TimerSpan`
+and :func:`ambient_tracer` give timers that belong to no Logger — the NeMo RL and verl drop-ins'
+(``otel_rl.compat``) — the same spans, in the trace of the newest live Logger's step.
+"""
 
 from __future__ import annotations
 
 import functools
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -135,3 +142,163 @@ class TimerFactory:
         if self._tracer is None:
             return Timer(record)
         return Timer(record, self._tracer, name, self._span_attributes)
+
+
+# ---- spans of timers that belong to no Logger (the NeMo RL and verl drop-ins' timers) ----------
+#
+# Such a timer is created without a Logger, often before one exists, so it looks its tracer up at
+# each start. This module stays free of OTel imports: with tracing off the look-up is two checks
+# of module globals.
+
+# ``StepSpans.tracer`` of each live Logger with tracing, newest last (weak: a dropped Logger is
+# not pinned). Replaced, never mutated, so readers need no lock.
+_step_tracers: tuple[weakref.ref[Any], ...] = ()
+_registry_lock = threading.Lock()
+# Set by otel_rl.tracing when imported: the tracer of a traced Ray worker (the hook ran in the
+# process, which is not the driver), or None.
+_process_tracer: Callable[[], Any] | None = None
+
+
+def add_step_tracer(tracer: Any) -> None:
+    """A Logger with tracing starts: drop-in timers make spans under its ``rl.step`` spans."""
+    global _step_tracers
+    with _registry_lock:
+        live = tuple(r for r in _step_tracers if r() is not None)
+        _step_tracers = (*live, weakref.ref(tracer))
+
+
+def remove_step_tracer(tracer: Any) -> None:
+    """That Logger finished: drop-in timers go back to the newest Logger still live."""
+    global _step_tracers
+    with _registry_lock:
+        _step_tracers = tuple(r for r in _step_tracers if r() not in (None, tracer))
+
+
+def drop_step_tracers_after_fork() -> None:
+    """In a fork child the inherited Loggers are disabled: their steps are not the child's."""
+    global _step_tracers, _registry_lock, _deferred_lock
+    # a parent thread may have held them at fork
+    _registry_lock = threading.Lock()
+    _deferred_lock = threading.Lock()
+    _step_tracers = ()
+    _deferred.clear()
+
+
+def set_process_tracer(lookup: Callable[[], Any] | None) -> None:
+    """Where drop-in timers find a tracer when no Logger with tracing is live (``None``: no
+    spans then)."""
+    global _process_tracer
+    _process_tracer = lookup
+
+
+def ambient_tracer() -> Any:
+    """The tracer for a timer that belongs to no Logger, or ``None`` (tracing off): the newest
+    live Logger's step tracer, else a traced Ray worker's own (its spans continue the trace of
+    the driver call that runs them)."""
+    tracers = _step_tracers
+    if tracers:
+        for ref in reversed(tracers):
+            tracer = ref()
+            if tracer is not None:
+                return tracer
+    lookup = _process_tracer
+    return None if lookup is None else lookup()
+
+
+# Spans whose context could not be detached when they closed (stopped out of order, or on another
+# thread than the one that opened them), by the thread they are attached in. Detached as soon as
+# each is that thread's current context again: contexts are only ever detached in the order they
+# were attached, so an out-of-order stop never leaves the wrong context current.
+_deferred: dict[int, list[TimerSpan]] = {}
+_deferred_lock = threading.Lock()
+
+
+class TimerSpan:
+    """The span of one use of a timer, from its start to its stop.
+
+    Opening it makes it the current span of the thread (what the block calls — nested timers,
+    Ray calls, ``trace_carrier()`` — is its child); a timer started with no span current is a
+    child of the current ``rl.step`` span. Closing it ends it ``elapsed`` seconds after its
+    start, so its duration is the timer's value, and restores the context it replaced.
+    """
+
+    __slots__ = ("_context", "_thread", "_token", "span")
+
+    def __init__(self, tracer: Any, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        from opentelemetry import context as context_api
+        from opentelemetry import trace
+
+        if _deferred:
+            _detach_deferred()
+        parent = context_api.get_current()
+        if not trace.get_current_span(parent).get_span_context().is_valid:
+            step_context = getattr(tracer, "step_context", None)
+            if step_context is not None:
+                parent = step_context()
+        self.span = tracer.start_span(name, context=parent, attributes=attributes)
+        self._context = trace.set_span_in_context(self.span, parent)
+        self._thread = threading.get_ident()
+        self._token = context_api.attach(self._context)
+
+    def fail(self, error: BaseException) -> None:
+        """The timed block raised ``error``: the span records it and is marked failed (as a
+        ``Logger.timer`` span is)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        self.span.record_exception(error)
+        self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+    def close(self, elapsed: float, error: BaseException | None = None) -> None:
+        """End the span ``elapsed`` seconds after it started; ``error`` marks it failed."""
+        span = self.span
+        try:
+            if error is not None:
+                self.fail(error)
+        finally:
+            start = getattr(span, "start_time", None)
+            span.end(end_time=None if start is None else start + round(elapsed * 1e9))
+            self.release()
+
+    def release(self) -> None:
+        """Restore the context this span replaced, now or as soon as it is current again
+        (alone, without ending the span: a timer that was reset while running has no value)."""
+        if self._detach():
+            if _deferred:
+                _detach_deferred()
+            return
+        with _deferred_lock:
+            _deferred.setdefault(self._thread, []).append(self)
+
+    def _detach(self) -> bool:
+        from opentelemetry import context as context_api
+
+        if self._thread != threading.get_ident() or context_api.get_current() is not self._context:
+            return False
+        var = getattr(self._token, "var", None)
+        if var is None:  # a runtime context other than contextvars: its own detach
+            context_api.detach(self._token)
+            return True
+        try:
+            var.reset(self._token)
+        except (ValueError, RuntimeError):  # attached in another asyncio task's context
+            return False
+        return True
+
+
+def _detach_deferred() -> None:
+    """Detach this thread's deferred spans that are current again (innermost first)."""
+    ident = threading.get_ident()
+    if ident not in _deferred:
+        return
+    with _deferred_lock:
+        pending = _deferred.get(ident, [])
+        progress = True
+        while pending and progress:
+            progress = False
+            for scope in reversed(pending):
+                if scope._detach():
+                    pending.remove(scope)
+                    progress = True
+                    break
+        if not pending:
+            _deferred.pop(ident, None)

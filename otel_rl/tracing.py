@@ -7,6 +7,9 @@ so that a step and everything it called — Ray actors included, see :mod:`otel_
 is one trace. Spans leave through a ``BatchSpanProcessor`` (its own thread) to OTLP when
 ``otlp.enabled`` is set, or through the process's exporter installed by the Ray tracing hook.
 When tracing is off the OTel tracing SDK is not imported and timers cost what they did before.
+The drop-ins' timers (``otel_rl.compat``), which belong to no Logger, find the newest live one's
+step spans through :mod:`otel_rl.timing`. A worker's spans name the run of the driver call they
+run in (:class:`RunTracer`), span by span.
 
 The Logger's tracer provider is private to the run: the global one is left to the application
 (the Ray hook, which the application opts into, sets it when nobody else has).
@@ -21,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
+from otel_rl import timing
 from otel_rl.errors import ConfigError
 from otel_rl.records import OWN_SCOPE
 
@@ -44,11 +48,18 @@ _DEFAULT_HTTP = "http://127.0.0.1:4318"
 _DEFAULT_GRPC = "http://127.0.0.1:4317"
 
 
-def build_tracer_provider(enabled: bool, otlp: Mapping[str, Any] | None, resource: Any) -> Any:
+def build_tracer_provider(
+    enabled: bool,
+    otlp: Mapping[str, Any] | None,
+    resource: Any,
+    active_span_processor: Any = None,
+) -> Any:
     """A ``TracerProvider`` for the run's timers, or ``None`` when tracing is off.
 
     ``otlp`` is the logger's ``otlp`` config section when OTLP export is enabled, else ``None``
-    (spans are then only seen by span processors the caller adds).
+    (spans are then only seen by span processors the caller adds). ``active_span_processor``
+    (a ``SynchronousMultiSpanProcessor``) lets providers of other resources share the span
+    processors this one gets.
     """
     if not enabled:
         return None
@@ -58,7 +69,12 @@ def build_tracer_provider(enabled: bool, otlp: Mapping[str, Any] | None, resourc
     # The SDK's own span metrics would otherwise land on the global meter provider, which
     # otel-rl routes into the trackers' rows.
     quiet = NoOpMeterProvider()
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False, meter_provider=quiet)
+    provider = TracerProvider(
+        resource=resource,
+        shutdown_on_exit=False,
+        active_span_processor=active_span_processor,
+        meter_provider=quiet,
+    )
     if otlp is not None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -85,6 +101,27 @@ def install_hook(processor: Any, resource: Any) -> None:
 def hook_resource() -> Any:
     """The resource the Ray tracing hook built for this process, or ``None``."""
     return _hook.get("resource")
+
+
+def _worker_timer_tracer() -> Any:
+    """The tracer of drop-in timers (``otel_rl.compat``) in a Ray worker where the hook ran:
+    spans exported through the hook with the process's resource and the run id of the driver
+    call they run in. ``None`` without the hook, and in the driver (its timers trace only with
+    a Logger's ``tracing.enabled``)."""
+    if not _hook:
+        return None
+    tracer = _hook.get("timer_tracer")
+    if tracer is None:
+        resource = _hook.get("resource")
+        if resource is not None and resource.attributes.get("otel_rl.role") == "driver":
+            return None
+        tracer = _hook.setdefault("timer_tracer", RunTracer(lambda: _hook.get("resource")))
+    return tracer
+
+
+timing.set_process_tracer(_worker_timer_tracer)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=timing.drop_step_tracers_after_fork)
 
 
 class _HookForwarder:
@@ -140,6 +177,112 @@ class RunIdFromBaggage:
         return True
 
 
+class RunTracer:
+    """A tracer whose spans name, in their resource, the run they were made for.
+
+    A worker's spans carry the driver's run id (``otel_rl.run_id``) as a resource attribute,
+    which a resource fixes for good; but a worker may time things before the run exists (a
+    warm-up) or serve several runs. So each span takes the run id its parent context carries as
+    W3C baggage (the driver's step context sets it), or, with none, the latest one seen, and is
+    made by a provider of that run (a ``TracerProvider`` per run id, all sharing one set of
+    span processors). A ``resource`` that names a run already keeps it.
+
+    ``resource`` is a function, called when the first span is made (the Ray hook's resource may
+    not exist before). ``otlp`` as in :func:`build_tracer_provider`.
+    """
+
+    #: Providers kept, one per run id: a long-lived worker serving many runs stays bounded.
+    MAX_RUNS = 16
+
+    def __init__(self, resource: Any, otlp: Mapping[str, Any] | None = None) -> None:
+        self._resource_of = resource
+        self._otlp = otlp
+        self._lock = threading.Lock()
+        self._base: Any = None
+        self._shared: Any = None  # the span processors every run's provider shares
+        self._fixed: Any = None  # the tracer, when the resource names the run itself
+        self._tracers: dict[str | None, Any] = {}
+        self._latest: str | None = None
+
+    @property
+    def provider(self) -> Any:
+        """The provider of spans made before any run id is known (``add_span_processor`` on it
+        reaches every run's spans)."""
+        if self._base is None:
+            self._build()
+        return self._base
+
+    def resolve(self, context: Any = None) -> Any:
+        """The tracer for a span whose parent context is ``context`` (``None``: the current)."""
+        if self._base is None:
+            self._build()
+        if self._fixed is not None:
+            return self._fixed
+        from opentelemetry import baggage
+
+        found = baggage.get_baggage(RUN_ID_BAGGAGE, context)
+        if found is None:
+            run_id = self._latest
+        else:
+            run_id = self._latest = str(found)
+        tracer = self._tracers.get(run_id)
+        if tracer is None:
+            tracer = self._for_run(run_id)
+        return tracer
+
+    def start_as_current_span(self, name: str, context: Any = None, **kwargs: Any) -> Any:
+        return self.resolve(context).start_as_current_span(name, context=context, **kwargs)
+
+    def start_span(self, name: str, context: Any = None, **kwargs: Any) -> Any:
+        return self.resolve(context).start_span(name, context=context, **kwargs)
+
+    def shutdown(self) -> None:
+        """Flush and shut the shared span processors down (once built)."""
+        if self._base is not None:
+            self._base.shutdown()
+
+    def _build(self) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor
+
+        with self._lock:
+            if self._base is not None:
+                return
+            resource = self._resource_of()
+            if resource is None:
+                resource = Resource.create({})
+            self._shared = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
+            base = build_tracer_provider(True, self._otlp, resource, self._shared)
+            if resource.attributes.get(RUN_ID_BAGGAGE):
+                self._fixed = base.get_tracer(OWN_SCOPE)
+            self._tracers[None] = base.get_tracer(OWN_SCOPE)
+            self._base = base
+
+    def _for_run(self, run_id: str | None) -> Any:
+        from opentelemetry.metrics import NoOpMeterProvider
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        with self._lock:
+            tracer = self._tracers.get(run_id)
+            if tracer is not None:
+                return tracer
+            resource = self._base.resource.merge(Resource({RUN_ID_BAGGAGE: str(run_id)}))
+            provider = TracerProvider(
+                resource=resource,
+                shutdown_on_exit=False,
+                active_span_processor=self._shared,
+                meter_provider=NoOpMeterProvider(),
+            )
+            tracer = provider.get_tracer(OWN_SCOPE)
+            runs = [key for key in self._tracers if key is not None]
+            if len(runs) >= self.MAX_RUNS:  # the oldest run's spans are long done
+                oldest = next(key for key in runs if key != self._latest)
+                del self._tracers[oldest]
+            self._tracers[run_id] = tracer
+            return tracer
+
+
 # ---- one trace per training step -------------------------------------------------------------
 
 
@@ -187,6 +330,8 @@ class StepSpans:
         self._last_take_ns: int | None = None
         #: A tracer whose parentless spans become children of the current ``rl.step`` span.
         self.tracer = _StepTracer(self._tracer, self)
+        # The drop-ins' timers (otel_rl.compat), which belong to no Logger, find it there.
+        timing.add_step_tracer(self.tracer)
 
     def take(self, step: int) -> None:
         """A ``log_metrics`` call at ``step`` took the timers' data: what ran since belongs to
@@ -223,6 +368,7 @@ class StepSpans:
 
     def close(self) -> None:
         """End every span still open (the run is over)."""
+        timing.remove_step_tracer(self.tracer)
         with self._lock:
             segments = self._taken + ([self._open] if self._open is not None else [])
             self._taken, self._open = [], None
@@ -264,11 +410,16 @@ class _StepTracer:
     """Hands out spans like the SDK tracer; a span started with no span current starts inside
     the current step's context (the ``rl.step`` span and the run id baggage)."""
 
-    __slots__ = ("_steps", "_tracer")
+    __slots__ = ("__weakref__", "_steps", "_tracer")
 
     def __init__(self, tracer: Any, steps: StepSpans) -> None:
         self._tracer = tracer
         self._steps = steps
+
+    def step_context(self) -> Any:
+        """The context of the current step (its ``rl.step`` span and the run id baggage), for a
+        span started with no span current."""
+        return self._steps.context()
 
     def start_as_current_span(self, name: str, context: Any = None, **kwargs: Any) -> Any:
         from opentelemetry import trace

@@ -8,6 +8,13 @@ standard deviation, as ``numpy.std`` computes it.
 
 The DEBUG lines of every start/stop/record/mark go to the ``nemo_rl.utils.timer`` logger, the
 name NeMo RL's timer logs under, so logging configured for NeMo RL applies unchanged.
+
+With a live Logger whose ``tracing.enabled`` is on (the drop-in ``otel_rl.compat.nemo_rl.Logger``
+or ``otel_rl.Logger``), each ``start``/``stop`` interval — a ``with timer.time(label)`` block
+included — is also an OTel span named by its label, lasting exactly the recorded duration,
+nested as the code nests it, under the step's ``rl.step`` span (docs/tracing.md). ``record``
+adds a duration measured elsewhere: no span. With tracing off the only cost is one look-up of
+two module globals per ``start``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from otel_rl.timing import TimerSpan, ambient_tracer
 
 #: NeMo RL's logger name for its timer, kept so that existing logging configuration applies.
 LOGGER_NAME = "nemo_rl.utils.timer"
@@ -63,11 +72,19 @@ class Timer:
         self._timers: dict[str, list[float]] = {}
         self._start_times: dict[str, float] = {}
         self._markers: dict[str, list[Marker]] = {}
+        # the span of each running label, when tracing is on
+        self._spans: dict[str, TimerSpan] = {}
         self._context: dict[str, object] = dict(context or {})
         if "hostname" not in self._context:
             import socket
 
             self._context["hostname"] = socket.gethostname()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a running label's span belongs to this process: a copy keeps the start time only
+        state = self.__dict__.copy()
+        state["_spans"] = {}
+        return state
 
     # ---- measuring ----------------------------------------------------------------------------
 
@@ -75,6 +92,9 @@ class Timer:
         """Start timing ``label``; a label that is already running is an error."""
         if label in self._start_times:
             raise ValueError(f"Timer '{label}' is already running")
+        tracer = ambient_tracer()
+        if tracer is not None:
+            self._spans[label] = TimerSpan(tracer, label)
         self._start_times[label] = time.perf_counter()
         if should_log:
             self._debug(label, "start")
@@ -89,6 +109,10 @@ class Timer:
             )
         elapsed = time.perf_counter() - started
         self._timers.setdefault(label, []).append(elapsed)
+        if self._spans:
+            span = self._spans.pop(label, None)
+            if span is not None:
+                span.close(elapsed)
         if should_log:
             self._debug(label, f"end elapsed={elapsed:.4f}s")
         return elapsed
@@ -101,10 +125,16 @@ class Timer:
 
     @contextlib.contextmanager
     def time(self, label: str, should_log: bool = True) -> Iterator[None]:
-        """Time the ``with`` block under ``label`` (recorded even when the block raises)."""
+        """Time the ``with`` block under ``label`` (recorded even when the block raises; its
+        span, if any, then records the exception)."""
         self.start(label, should_log)
         try:
             yield
+        except BaseException as exc:
+            span = self._spans.get(label)
+            if span is not None:
+                span.fail(exc)
+            raise
         finally:
             self.stop(label, should_log)
 
@@ -174,8 +204,14 @@ class Timer:
             self._timers.pop(label, None)
             self._start_times.pop(label, None)
             self._markers.pop(label, None)
+            dropped = [self._spans.pop(label)] if label in self._spans else []
         else:
             self._timers, self._start_times, self._markers = {}, {}, {}
+            dropped, self._spans = list(self._spans.values()), {}
+        # A running label forgotten has no duration: its span is dropped unexported, and the
+        # context it made current is restored.
+        for span in reversed(dropped):
+            span.release()
 
     def _debug(self, label: str, event: str) -> None:
         if not _log.isEnabledFor(logging.DEBUG):

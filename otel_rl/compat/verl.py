@@ -33,12 +33,19 @@ from otel_rl.compat.verl_config import (
     plain_config,
     tracking_config,
 )
+from otel_rl.compat.verl_timing import marked_timer, simple_timer
 from otel_rl.fork_safe_log import log as _log
 
 if TYPE_CHECKING:
     from otel_rl.timing import Timer
 
-__all__ = ["Tracking", "ValidationGenerationsLogger", "active_tracking"]
+__all__ = [
+    "Tracking",
+    "ValidationGenerationsLogger",
+    "active_tracking",
+    "marked_timer",
+    "simple_timer",
+]
 
 
 #: The table (TensorBoard text tag, W&B key, MLflow artifact folder) validation samples go to.

@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
@@ -30,7 +30,7 @@ from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.records import OWN_SCOPE
 from otel_rl.step_reader import StepReader
 from otel_rl.timing import Timer, TimerFactory
-from otel_rl.tracing import RUN_ID_BAGGAGE, build_tracer_provider, hook_active, hook_resource
+from otel_rl.tracing import RunTracer, hook_active, hook_resource
 
 #: The scope of ``WorkerMetrics.meter``.
 USER_SCOPE = "otel_rl.worker"
@@ -51,7 +51,10 @@ class WorkerMetrics:
     traces when the Ray tracing hook (``otel_rl.ray.tracing:setup``) ran in this process and then
     exports through the hook's OTLP exporter; ``tracing=True`` always traces, exporting to OTLP
     when ``otlp`` — the logger's ``otlp`` config section — is given, else through the hook's
-    exporter if any (``tracer_provider`` accepts more span processors).
+    exporter if any (``tracer_provider`` accepts more span processors). Each span's resource
+    names the run (``otel_rl.run_id``) of the driver call it runs in — learnt from the call's
+    W3C baggage, span by span, so a worker that timed a warm-up before the run existed still
+    labels its later spans — or ``run_id`` when given.
     """
 
     def __init__(
@@ -90,16 +93,10 @@ class WorkerMetrics:
         #: gauges follow the driver's ``reductions`` (default ``mean``).
         self.meter = self.meter_provider.get_meter(USER_SCOPE)
         self._own_meter = self.meter_provider.get_meter(OWN_SCOPE)
-        self._otlp = otlp
-        self._tracer_provider: Any = None
-        self._tracer: Any = None
-        if tracing:
-            if otlp is None and "otel_rl.run_id" not in self.resource.attributes:
-                # The run id arrives with the first traced call (the driver's baggage): the
-                # provider, whose resource names the run, is built then.
-                self._tracer = _LazyTracer(self._build_tracer_provider)
-            else:
-                self._tracer = self._build_tracer_provider(None).get_tracer(OWN_SCOPE)
+        # Each span names the run of the driver call it runs in (W3C baggage), whenever that run
+        # began: timers of a warm-up before the driver's Logger existed leave no mark on later
+        # spans. A ``run_id`` given here names every span.
+        self._tracer: RunTracer | None = RunTracer(self._span_resource, otlp) if tracing else None
         self._span_attributes = {"otel_rl.role": self.role, "otel_rl.rank": self.rank}
         self._keys = KeyRegistry()
         self._timers = TimerFactory(
@@ -176,26 +173,21 @@ class WorkerMetrics:
 
     @property
     def tracer_provider(self) -> Any:
-        """The provider of this worker's timer spans (``None`` without tracing)."""
-        if self._tracer_provider is None and isinstance(self._tracer, _LazyTracer):
-            self._tracer.resolve(None)
-        return self._tracer_provider
+        """The provider of this worker's timer spans (``None`` without tracing); span
+        processors added to it see the spans of every run."""
+        return None if self._tracer is None else self._tracer.provider
 
     def close(self) -> None:
         """Shut the worker's providers down (flushes spans to OTLP, if configured)."""
         self.meter_provider.shutdown(timeout_millis=5_000)
-        if self._tracer_provider is not None:
-            self._tracer_provider.shutdown()
+        if self._tracer is not None:
+            self._tracer.shutdown()
 
-    def _build_tracer_provider(self, run_id: str | None) -> Any:
-        resource = self.resource
-        if run_id and "otel_rl.run_id" not in resource.attributes:
-            resource = resource.merge(Resource({"otel_rl.run_id": run_id}))
+    def _span_resource(self) -> Resource:
         base = hook_resource()
         if base is not None:  # the process's service name and Ray node, then this worker's own
-            resource = base.merge(resource)
-        self._tracer_provider = build_tracer_provider(True, self._otlp, resource)
-        return self._tracer_provider
+            return cast(Resource, base.merge(self.resource))
+        return self.resource
 
     def __enter__(self) -> WorkerMetrics:
         return self
@@ -225,34 +217,3 @@ class WorkerMetrics:
         if scope != OWN_SCOPE:
             return None
         return self._keys.key_for(instrument)
-
-
-class _LazyTracer:
-    """A tracer whose provider is built at the first span, once the run id of the driver that
-    called this worker is known from the W3C baggage of the call."""
-
-    __slots__ = ("_build", "_lock", "_tracer")
-
-    def __init__(self, build: Any) -> None:
-        self._build = build
-        self._lock = threading.Lock()
-        self._tracer: Any = None
-
-    def resolve(self, context: Any) -> Any:
-        tracer = self._tracer
-        if tracer is None:
-            from opentelemetry import baggage
-
-            with self._lock:
-                if self._tracer is None:
-                    run_id = baggage.get_baggage(RUN_ID_BAGGAGE, context)
-                    provider = self._build(str(run_id) if run_id is not None else None)
-                    self._tracer = provider.get_tracer(OWN_SCOPE)
-                tracer = self._tracer
-        return tracer
-
-    def start_as_current_span(self, name: str, context: Any = None, **kwargs: Any) -> Any:
-        return self.resolve(context).start_as_current_span(name, context=context, **kwargs)
-
-    def start_span(self, name: str, context: Any = None, **kwargs: Any) -> Any:
-        return self.resolve(context).start_span(name, context=context, **kwargs)

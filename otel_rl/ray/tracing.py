@@ -16,7 +16,10 @@ application set its own) with a ``BatchSpanProcessor`` to the collector named by
 ``..._HEADERS``, ``..._TIMEOUT``; the default is ``http://127.0.0.1:4318``). Ray's
 ``runtime_env={"env_vars": {...}}`` carries them to every node. ``OTEL_TRACES_EXPORTER=none``
 keeps the propagation and exports nothing. ``WorkerMetrics`` in a process where the hook ran
-traces its timers with no argument and exports them through the same processor.
+traces its timers with no argument and exports them through the same processor; so do the
+drop-ins' timers (NeMo RL's ``Timer``, verl's ``marked_timer``/``simple_timer`` from
+``otel_rl.compat``) in a worker, where no Logger lives. Each of these spans names the run of the
+driver call it runs in, read from the call's baggage span by span.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
 
 __all__ = ["hook_active", "setup"]
-
 
 
 def setup() -> None:
