@@ -31,7 +31,7 @@ from otel_rl.exporters.step_order import StepOrder
 from otel_rl.delivery import Delivery, ExportOptions
 from otel_rl.failures import Failure, RowRejected, classify, describe_losses, losses
 from otel_rl.fork_safe_log import log as _log
-from otel_rl.records import Record, RowValue, StepBatch, TableRows, scoped_metrics
+from otel_rl.records import Event, Record, RowValue, StepBatch, TableRows, scoped_metrics
 from otel_rl.redaction import Patterns, redact_init_kwargs
 from otel_rl.step_reader import STEP_TEMPORALITY
 from otel_rl.tracker_writer import PartialWrite, TrackerHooks, TrackerWriter
@@ -186,6 +186,10 @@ class TrackerExporter(MetricExporter):
     def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         """Store a table; trackers without tables skip it (one warning)."""
         self._warn_once("no-table", "%s: tables are not supported; %r skipped", self.name, name)
+
+    def write_event(self, event: Event) -> None:
+        """Show an :class:`~otel_rl.records.Event` (a stall, a straggler) as text; trackers
+        without text skip it (the run's log and Prometheus/OTLP carry it anyway)."""
 
     def flush_backend(self) -> None:
         """Push buffered writes out to the tracker (called when the queue runs empty and at

@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,7 +27,7 @@ from typing import Any, ClassVar
 from otel_rl.exporters.base import RowRejected, TrackerExporter
 
 from otel_rl.paths import path_inside
-from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 
 # The start of a row of ours: the run id comes before the metrics, so that reading the first
 # bytes of the last line tells which run wrote it, however long the row.
@@ -149,6 +150,13 @@ class JsonlExporter(TrackerExporter):
         record = {"step": step, "table": name, "columns": list(columns),
                   "rows": [[_jsonable(c) for c in row] for row in rows]}
         with self.path.with_name("tables.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def write_event(self, event: Event) -> None:
+        record = {"step": event.step, "time": round(time.time(), 6), "run_id": self.run_id,
+                  "event": event.name, "level": event.level, "title": event.title,
+                  "text": event.text}  # fmt: skip
+        with self.path.with_name("events.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def flush_backend(self) -> None:

@@ -35,7 +35,7 @@ from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.mlflow_names import NameMap, sanitize
 
 from otel_rl.errors import ConfigError
-from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.redaction import collect_secrets, redact_text, secret_values
 
 #: MLflow's per-request limits (mlflow.utils.validation).
@@ -261,6 +261,11 @@ class MlflowExporter(TrackerExporter):
         folder = f"tables/{_artifact_dir(name)}"
         filename = self._unused_name(folder, f"step_{step}", ".json")
         self._log_file(folder, filename, json.dumps(data).encode("utf-8"))
+
+    def write_event(self, event: Event) -> None:
+        folder = f"events/{_artifact_dir(event.name)}"
+        filename = self._unused_name(folder, f"step_{event.step}", ".txt")
+        self._log_file(folder, filename, f"{event.title}\n\n{event.text}\n".encode())
 
     @_scrubs_errors
     def close(self, exit_code: int) -> None:

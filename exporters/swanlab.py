@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from otel_rl.exporters.base import SdkRunExporter
 from otel_rl.exporters.conversions import png_to_image
 
-from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 
 
 class SwanLabExporter(SdkRunExporter):
@@ -99,6 +99,9 @@ class SwanLabExporter(SdkRunExporter):
         from otel_rl.exporters.tensorboard_summaries import markdown_table
 
         self._log({name: self._swanlab.Text(markdown_table(columns, rows))}, step)
+
+    def write_event(self, event: Event) -> None:
+        self._log({event.name: self._swanlab.Text(f"{event.title}\n\n{event.text}")}, event.step)
 
     def close(self, exit_code: int) -> None:
         if self.run is None:

@@ -28,7 +28,7 @@ from otel_rl.exporters.tensorboard_summaries import (
     text_value,
 )
 
-from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 
 _FILE_COUNTER = iter(range(1 << 30))
 
@@ -131,6 +131,10 @@ class TensorBoardExporter(TrackerExporter):
 
     def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         self._write_values(step, [text_value(name, markdown_table(columns, rows))], time.time())
+
+    def write_event(self, event: Event) -> None:
+        text = f"**{event.title}**\n\n```\n{event.text}\n```"
+        self._write_values(event.step, [text_value(event.name, text)], time.time())
 
     def flush_backend(self) -> None:
         if self._file is not None:

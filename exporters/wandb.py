@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from otel_rl.exporters.base import SdkRunExporter
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 
-from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 
 #: The row key that carries the training step (the x-axis of every training metric).
 STEP_KEY = "global_step"
@@ -102,6 +102,19 @@ class WandbExporter(SdkRunExporter):
     def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         table = self._wandb.Table(columns=list(columns), data=[list(r) for r in rows])
         self._write_media(name, step, table)
+
+    def write_event(self, event: Event) -> None:
+        import html
+
+        text = f"<b>{html.escape(event.title)}</b><pre>{html.escape(event.text)}</pre>"
+        self._write_media(event.name, event.step, self._wandb.Html(text))
+        levels = self._wandb.AlertLevel
+        level = levels.WARN if event.level == "warning" else levels.INFO
+        try:  # W&B's alerts reach Slack/e-mail on a live run; an offline run has none
+            self.run.alert(title=event.title, text=event.text[:4000], level=level)
+        except Exception as exc:
+            self._warn_once("alert", "%s: W&B alert not sent (%s); the event is in the run as "
+                            "the %r panel", self.name, exc, event.name)  # fmt: skip
 
     def close(self, exit_code: int) -> None:
         if self.run is not None:

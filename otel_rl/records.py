@@ -171,6 +171,35 @@ class Table(Record):
         )
 
 
+@dataclass(frozen=True)
+class Event(Record):
+    """Something the run's watchers must hear about, at a step: a stall, its end, a straggler.
+
+    Trackers show it as text where they have text (TensorBoard's TEXT tab, an MLflow artifact,
+    SwanLab text, a W&B alert and an HTML panel, a line of ``events.jsonl``); ``name`` is its tag
+    (``otel_rl/stall``), ``level`` ``"warning"`` or ``"info"``.
+    """
+
+    kind: ClassVar[str] = "event"
+    name: str
+    step: int
+    title: str
+    text: str
+    level: str = "warning"
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_event(self)
+
+    def encode(self) -> dict[str, Any]:
+        return {"name": self.name, "step": self.step, "title": self.title, "text": self.text,
+                "level": self.level}  # fmt: skip
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Event:
+        return cls(str(body["name"]), int(body["step"]), str(body["title"]), str(body["text"]),
+                   str(body.get("level", "warning")))  # fmt: skip
+
+
 def plain(value: Any) -> Any:
     """``value`` as JSON can hold it: scalars as they are, sequences as lists, the rest as text."""
     if isinstance(value, (str, int, float, bool)) or value is None:
