@@ -23,6 +23,45 @@ TIMING_BUCKETS = (
 )  # fmt: skip
 
 
+# ---- the timers open right now (read by the stall report) ---------------------------------------
+#
+# One list per thread, outermost first: ``(name, monotonic start)``. Each list is appended to and
+# popped only by its own thread; the stall watchdog copies them from another thread.
+_open_timers: dict[int, list[tuple[str, float]]] = {}
+
+
+def timer_opened(name: str) -> None:
+    """A timer named ``name`` started on this thread."""
+    ident = threading.get_ident()
+    stack = _open_timers.get(ident)
+    if stack is None:
+        stack = _open_timers[ident] = []
+    stack.append((name, time.monotonic()))
+
+
+def timer_closed(name: str) -> None:
+    """That timer stopped (usually the innermost one; stopped out of order, the latest of that
+    name; stopped on another thread, the latest of that name anywhere)."""
+    stack = _open_timers.get(threading.get_ident())
+    if stack and stack[-1][0] == name:
+        stack.pop()
+        return
+    for candidate in ([stack] if stack else []) + list(_open_timers.values()):
+        for index in range(len(candidate) - 1, -1, -1):
+            if candidate[index][0] == name:
+                del candidate[index]
+                return
+
+
+def open_timers() -> dict[int, list[tuple[str, float]]]:
+    """``{thread ident: [(name, monotonic start), ...]}`` of the live threads with open timers,
+    outermost first (a copy)."""
+    live = {t.ident for t in threading.enumerate()}
+    for ident in [i for i in list(_open_timers) if i not in live]:
+        _open_timers.pop(ident, None)  # a thread that died inside a timer
+    return {ident: list(stack) for ident, stack in list(_open_timers.items()) if stack}
+
+
 class Timer:
     """Context manager and decorator; each exit records the elapsed seconds.
 
@@ -32,7 +71,7 @@ class Timer:
     is exactly the recorded value; without one the only extra cost is a ``None`` check.
     """
 
-    __slots__ = ("_attributes", "_record", "_span_name", "_spans", "_starts", "_tracer")
+    __slots__ = ("_attributes", "_name", "_record", "_span_name", "_spans", "_starts", "_tracer")
 
     def __init__(
         self,
@@ -40,7 +79,9 @@ class Timer:
         tracer: Any = None,
         span_name: str = "",
         attributes: Mapping[str, Any] | None = None,
+        name: str = "",
     ) -> None:
+        self._name = name or span_name or "timer"
         self._record = record
         self._starts: list[float] = []
         self._tracer = tracer
@@ -54,26 +95,30 @@ class Timer:
                 self._span_name, attributes=self._attributes, end_on_exit=False
             )
             self._spans.append((scope, scope.__enter__()))
+        timer_opened(self._name)
         self._starts.append(time.perf_counter())
         return self
 
     def __exit__(self, *exc: Any) -> None:
         elapsed = time.perf_counter() - self._starts.pop()
+        timer_closed(self._name)
         self._record(elapsed)
         if self._spans is not None:
             scope, span = self._spans.pop()
             _end_span(scope, span, elapsed, exc)
 
     def __call__(self, fn: F) -> F:
-        record = self._record
+        record, label = self._record, self._name
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            timer_opened(label)
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 record(time.perf_counter() - start)
+                timer_closed(label)
 
         if self._tracer is None:
             return timed  # type: ignore[return-value]
@@ -83,6 +128,7 @@ class Timer:
         def traced(*args: Any, **kwargs: Any) -> Any:
             scope = tracer.start_as_current_span(name, attributes=attributes, end_on_exit=False)
             span = scope.__enter__()
+            timer_opened(label)
             start = time.perf_counter()
             exc: tuple[Any, Any, Any] = (None, None, None)
             try:
@@ -93,6 +139,7 @@ class Timer:
             finally:
                 elapsed = time.perf_counter() - start
                 record(elapsed)
+                timer_closed(label)
                 _end_span(scope, span, elapsed, exc)
 
         return traced  # type: ignore[return-value]
@@ -140,7 +187,7 @@ class TimerFactory:
             )
             record = self._records[name] = histogram.record
         if self._tracer is None:
-            return Timer(record)
+            return Timer(record, name=name)
         return Timer(record, self._tracer, name, self._span_attributes)
 
 
@@ -182,6 +229,10 @@ def drop_step_tracers_after_fork() -> None:
     _deferred_lock = threading.Lock()
     _step_tracers = ()
     _deferred.clear()
+    # the parent's other threads do not exist in the child: neither do their open timers
+    ident = threading.get_ident()
+    for other in [i for i in _open_timers if i != ident]:
+        _open_timers.pop(other, None)
 
 
 def set_process_tracer(lookup: Callable[[], Any] | None) -> None:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from otel_rl.timing import TimerSpan, ambient_tracer
+from otel_rl.timing import TimerSpan, ambient_tracer, timer_closed, timer_opened
 
 #: NeMo RL's logger name for its timer, kept so that existing logging configuration applies.
 LOGGER_NAME = "nemo_rl.utils.timer"
@@ -95,6 +95,7 @@ class Timer:
         tracer = ambient_tracer()
         if tracer is not None:
             self._spans[label] = TimerSpan(tracer, label)
+        timer_opened(label)
         self._start_times[label] = time.perf_counter()
         if should_log:
             self._debug(label, "start")
@@ -108,6 +109,7 @@ class Timer:
                 f"Timer '{label}' is not running. Running times: {self._start_times.keys()}"
             )
         elapsed = time.perf_counter() - started
+        timer_closed(label)
         self._timers.setdefault(label, []).append(elapsed)
         if self._spans:
             span = self._spans.pop(label, None)
@@ -200,6 +202,11 @@ class Timer:
 
     def reset(self, label: str | None = None) -> None:
         """Forget ``label`` (durations, running start, markers), or everything."""
+        running = [label] if label and label in self._start_times else []
+        if not label:
+            running = list(self._start_times)
+        for name in running:  # a running label forgotten is no longer an open timer
+            timer_closed(name)
         if label:
             self._timers.pop(label, None)
             self._start_times.pop(label, None)

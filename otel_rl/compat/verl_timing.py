@@ -19,7 +19,7 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
-from otel_rl.timing import TimerSpan, ambient_tracer
+from otel_rl.timing import TimerSpan, ambient_tracer, timer_closed, timer_opened
 
 __all__ = ["marked_timer", "simple_timer"]
 
@@ -29,14 +29,17 @@ def simple_timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[
     """Add the block's elapsed seconds into ``timing_raw[name]`` (created at 0)."""
     tracer = ambient_tracer()
     span = None if tracer is None else TimerSpan(tracer, name)
+    timer_opened(name)
     start = time.perf_counter()
     try:
         yield
     except BaseException as exc:
+        timer_closed(name)
         if span is not None:
             span.close(time.perf_counter() - start, exc)
         raise
     elapsed = time.perf_counter() - start
+    timer_closed(name)
     if name not in timing_raw:
         timing_raw[name] = 0
     timing_raw[name] += elapsed

@@ -12,16 +12,27 @@ per step and logs them with ``Logger.log_worker_metrics``::
 A push never waits for the actor: it submits the call and returns. A dead or missing aggregator
 costs the worker one failed name lookup per ``retry_interval`` seconds; snapshots pushed
 meanwhile are dropped and counted in ``stats``.
+
+A process that pushed also tells the aggregator, every :data:`BEAT_INTERVAL` seconds while they
+change, which timers are open in it (``WorkerMetrics`` timers and the drop-ins' timers), from a
+daemon thread: a stall report on the driver names the timers each worker was inside when the run
+stopped (:meth:`MetricsAggregator.open_timers`), even when the worker is stuck and pushes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import socket
+import threading
 import time
 from typing import Any
 
 DEFAULT_NAME = "otel_rl.metrics_aggregator"
+#: Seconds between two reports of a worker's open timers (sent only when they changed, or every
+#: ten intervals as a sign of life).
+BEAT_INTERVAL = 2.0
 
 #: Push results a worker keeps to learn, later and without waiting, that the actor is gone.
 _MAX_PENDING = 256
@@ -91,6 +102,7 @@ class MetricsAggregator:
             if len(self._pending) > _MAX_PENDING:
                 self._pending.popleft()
             self.stats["pushed"] += 1
+            _Heartbeat.ensure(self, snapshot)
             return True
         except Exception:  # a worker must survive whatever happens to the aggregator
             self._forget()
@@ -125,6 +137,17 @@ class MetricsAggregator:
             raise RuntimeError(f"no metrics aggregator named {self.name!r} is running")
         stats: dict[str, int] = ray.get(handle.stats.remote())
         return stats
+
+    def open_timers(self, timeout: float = 5.0) -> dict[str, Any]:
+        """``{worker: {"timers": {thread: [[name, seconds open], ...]}, "at": unix time}}``: the
+        timers open in each process that pushed, as it last reported them."""
+        import ray
+
+        handle = self._resolve(force=True)
+        if handle is None:
+            raise RuntimeError(f"no metrics aggregator named {self.name!r} is running")
+        reported: dict[str, Any] = ray.get(handle.open_timers.remote(), timeout=timeout)
+        return reported
 
     def kill(self) -> None:
         """Stop the actor (undrained snapshots are lost)."""
@@ -188,6 +211,7 @@ class _AggregatorActor:
         self._items: collections.deque[dict[str, Any]] = collections.deque()
         self._changed = asyncio.Condition()
         self._counts = {"received": 0, "drained": 0, "dropped": 0}
+        self._beats: dict[str, dict[str, Any]] = {}
 
     async def push(self, snapshot: dict[str, Any]) -> None:
         async with self._changed:
@@ -218,6 +242,12 @@ class _AggregatorActor:
     async def stats(self) -> dict[str, int]:
         return {**self._counts, "held": len(self._items)}
 
+    async def beat(self, worker: str, timers: dict[str, Any], at: float) -> None:
+        self._beats[worker] = {"timers": timers, "at": at}
+
+    async def open_timers(self) -> dict[str, Any]:
+        return dict(self._beats)
+
     def _count_due(self, step: int | None) -> int:
         return sum(1 for s in self._items if _is_due(s, step))
 
@@ -225,3 +255,56 @@ class _AggregatorActor:
 def _is_due(snapshot: dict[str, Any], step: int | None) -> bool:
     tagged = snapshot.get("step") if isinstance(snapshot, dict) else None
     return step is None or tagged is None or tagged <= step
+
+
+class _Heartbeat:
+    """The daemon thread of one process that reports its open timers to the aggregator."""
+
+    _lock = threading.Lock()
+    _running: _Heartbeat | None = None
+    _pid = 0
+
+    def __init__(self, aggregator: MetricsAggregator, worker: str) -> None:
+        self.aggregator = aggregator
+        self.worker = worker
+        self._last: Any = None
+        self._sent_at = 0.0
+        thread = threading.Thread(target=self._run, name="otel-rl-timer-beat", daemon=True)
+        thread.start()
+
+    @classmethod
+    def ensure(cls, aggregator: MetricsAggregator, snapshot: Any) -> None:
+        """Start this process's heartbeat once (again in a fork child)."""
+        if cls._running is not None and cls._pid == os.getpid():
+            return
+        with cls._lock:
+            if cls._running is not None and cls._pid == os.getpid():
+                return
+            role = snapshot.get("role", "worker") if isinstance(snapshot, dict) else "worker"
+            rank = snapshot.get("rank", "?") if isinstance(snapshot, dict) else "?"
+            worker = f"{role} rank {rank} (pid {os.getpid()} on {socket.gethostname()})"
+            cls._pid = os.getpid()
+            cls._running = cls(aggregator, worker)
+
+    def _run(self) -> None:
+        from otel_rl.timing import open_timers
+
+        while True:
+            time.sleep(BEAT_INTERVAL)
+            try:
+                names = {t.ident: t.name for t in threading.enumerate()}
+                now = time.monotonic()
+                timers = {
+                    names.get(ident, str(ident)): [[n, round(now - at, 3)] for n, at in stack]
+                    for ident, stack in open_timers().items()
+                }
+                shape = {thread: [n for n, _ in stack] for thread, stack in timers.items()}
+                if shape == self._last and now - self._sent_at < 10 * BEAT_INTERVAL:
+                    continue
+                handle = self.aggregator._resolve()
+                if handle is None:
+                    continue
+                handle.beat.remote(self.worker, timers, time.time())
+                self._last, self._sent_at = shape, now
+            except Exception:  # the worker goes on whatever happens to the aggregator
+                continue
