@@ -280,6 +280,22 @@ class TracingSection(Section):
     )
 
 
+class StallsSection(Section):
+    enabled: bool = _field(True, "the stall watchdog ([stalls.md](stalls.md))")
+    after: Seconds = _field(
+        600.0, "a run with no step for this long is stalled (at least)", shown_type="seconds"
+    )
+    factor: float = _field(
+        10.0, "... or for this many times the median of the recent step times, if longer", gt=0
+    )
+    stacks_timeout: Seconds = _field(
+        10.0, "how long a stall report may wait for the Ray actors' stacks", shown_type="seconds"
+    )
+    straggler_window: int = _field(
+        10, "steps over which a rank slowest in more than half of them is named", ge=2
+    )
+
+
 class RedactionSection(Section):
     extra_patterns: RegexList = _field(
         meaning="more secret patterns (regular expressions) for redaction "
@@ -358,6 +374,7 @@ class LoggerSettings(Section):
         shown_type="mapping",
     )
     tracing: TracingSection = _field(TracingSection())
+    stalls: StallsSection = _field(StallsSection())
     redaction: RedactionSection = _field(RedactionSection())
 
 

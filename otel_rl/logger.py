@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import Observation
 
@@ -45,6 +45,9 @@ from otel_rl.steps import StepAssembler, checked_step
 from otel_rl.timing import Timer, TimerFactory
 from otel_rl.tracing import StepSpans, build_tracer_provider
 from otel_rl.values import flatten_into
+
+if TYPE_CHECKING:
+    from otel_rl.watch import RunWatch
 
 #: The x-axis of rollout rows (docs/rollout-monitoring.md).
 ROLLOUT_AXIS = "rollout/step"
@@ -155,6 +158,8 @@ class Logger:
         self.rollout_monitor: Any = self._build_rollout_monitor(cfg["rollout_monitoring"])
         if self.rollout_monitor is not None:
             self._steps.on_seal.append(self.rollout_monitor.mark_step)
+        #: Stalls and stragglers (``stalls``): the watchdog's thread and what it tells.
+        self._watch: RunWatch | None = self._build_watch(cfg)
         self._atexit = weak_atexit(self, lambda run: run.finish(exit_code=exit_code_hint()))
         # Signals raise only at safe points, sys.exit codes reach atexit, fork children disable
         # this Logger (otel_rl/lifecycle.py).
@@ -233,9 +238,14 @@ class Logger:
             # runs before the pending step changes: a refused call leaves no trace, not even
             # an empty row at its step.
             step = self._steps.resolve(step, self._strict)
+            watch = self._watch
+            if watch is not None:
+                watch.stamp(step, fresh)
             new = fresh.keys() - self._known
             if new:
                 self._register(new, fresh)
+                if watch is not None:
+                    watch.new_keys(step, fresh, new)
             self._steps.add(step, fresh, prefix, step_metric)
             if self._pipeline.has_side_readers:
                 self._latest.update(fresh)
@@ -363,6 +373,8 @@ class Logger:
                 return
             self._finished = True
         self._checkpointer.stop()
+        if self._watch is not None:
+            self._watch.stop()
         atexit.unregister(self._atexit)
         # The monitors' last rows must reach the trackers before they close.
         if self.gpu_monitor is not None:
@@ -478,6 +490,37 @@ class Logger:
         if section["sd_file"]:
             monitor.keep_sd_file(section["sd_file"], {"otel_rl_run_id": self.run_id})
         return monitor
+
+    def _build_watch(self, cfg: Mapping[str, Any]) -> RunWatch | None:
+        from otel_rl.watch import OtlpLogRecords, RunWatch
+
+        section = cfg["stalls"]
+        otlp = self._pipeline.otlp_settings
+        gpu = self.gpu_monitor
+        watch = RunWatch(
+            run_id=self.run_id,
+            log_dir=self.log_dir,
+            section=section,
+            send=self._fanout.send,
+            step_spans=self._step_spans,
+            log_records=OtlpLogRecords(otlp, self._pipeline.resource) if otlp else None,
+            gpu_latest=(lambda: gpu.scraper.latest) if gpu is not None else None,
+        )
+        if self._pipeline.has_side_readers:
+            attributes = {"run_id": self.run_id}
+            self._side_meter.create_observable_gauge(
+                "otel_rl.stalled",
+                [lambda options: [Observation(watch.stalled(), attributes)]],
+                description="1 while the run is stalled (no step for longer than the stall "
+                "threshold), else 0",
+            )
+            self._side_meter.create_observable_gauge(
+                "otel_rl.seconds_since_step",
+                [lambda options: [Observation(watch.seconds_since_step(), attributes)]],
+                # No unit: Prometheus would add a second "_seconds" to a name that says it.
+                description="seconds since the last log_metrics call",
+            )
+        return watch
 
     def _emit_rollout(self, step: int, values: dict[str, float]) -> None:
         """Rollout rows of a sealed step (monitor thread). They come after the step's own row,

@@ -375,6 +375,15 @@ class StepSpans:
         for segment in segments:
             segment.span.end(end_time=segment.end_ns)
 
+    def add_event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        """An event on the current step's span (from any thread; the span is opened if
+        needed): a stall reported while the step runs."""
+        with self._lock:
+            if self._open is None and not self._taken:
+                self._open = self._start()
+            segment = self._open if self._open is not None else self._taken[-1]
+        segment.span.add_event(name, dict(attributes))
+
     def context(self) -> Any:
         """The context of the current step's span (opened if needed)."""
         with self._lock:

@@ -66,10 +66,13 @@ def serve_otlp_http(
     response_type: Any,
     on_request: Callable[[Any, dict[str, str]], None],
     accepted_paths: tuple[str, ...] = (),
+    more: dict[str, tuple[Any, Any, Callable[[Any, dict[str, str]], None]]] | None = None,
 ) -> ThreadingHTTPServer:
     """An OTLP/HTTP endpoint on 127.0.0.1 (a free port): ``POST <path>`` bodies (gzip/deflate
     accepted) are decoded as ``request_type`` and passed to ``on_request(request, headers)``;
+    ``more`` maps other paths to their own ``(request_type, response_type, on_request)``;
     ``accepted_paths`` answer 200 and are ignored, anything else 404."""
+    routes = {path: (request_type, response_type, on_request), **(more or {})}
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -79,15 +82,16 @@ def serve_otlp_http(
                 body = gzip.decompress(body)
             elif encoding == "deflate":
                 body = zlib.decompress(body)
-            if self.path != path:
+            if self.path not in routes:
                 self.send_response(200 if self.path in accepted_paths else 404)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            request = request_type()
+            request_class, response_class, handle = routes[self.path]
+            request = request_class()
             request.ParseFromString(body)
-            on_request(request, {k.lower(): v for k, v in self.headers.items()})
-            reply = response_type().SerializeToString()
+            handle(request, {k.lower(): v for k, v in self.headers.items()})
+            reply = response_class().SerializeToString()
             self.send_response(200)
             self.send_header("Content-Type", "application/x-protobuf")
             self.send_header("Content-Length", str(len(reply)))
@@ -105,13 +109,29 @@ def serve_otlp_http(
 
 
 class OtlpHttpReceiver(_Store):
-    """``POST /v1/metrics`` with ``application/x-protobuf`` (gzip/deflate accepted)."""
+    """``POST /v1/metrics`` with ``application/x-protobuf`` (gzip/deflate accepted); log records
+    sent to ``/v1/logs`` of the same endpoint are kept in ``logs``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.server = serve_otlp_http(
-            "/v1/metrics", ExportMetricsServiceRequest, ExportMetricsServiceResponse, self.add
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+            ExportLogsServiceRequest,
+            ExportLogsServiceResponse,
         )
+
+        #: Every log record received: (resource attributes, the LogRecord message).
+        self.logs: list[tuple[dict[str, Any], Any]] = []
+
+        def add_logs(request: Any, headers: dict[str, str]) -> None:
+            for resource_logs in request.resource_logs:
+                resource = attributes_of(resource_logs.resource.attributes)
+                for scope_logs in resource_logs.scope_logs:
+                    self.logs.extend((resource, r) for r in scope_logs.log_records)
+
+        self.server = serve_otlp_http(
+            "/v1/metrics", ExportMetricsServiceRequest, ExportMetricsServiceResponse, self.add,
+            more={"/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse, add_logs)},
+        )  # fmt: skip
         self.port = self.server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
