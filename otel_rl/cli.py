@@ -99,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="keep /metrics served this many seconds after the last step (default 0)",
     )
+    demo.add_argument(
+        "--stall",
+        type=non_negative_float,
+        nargs="?",
+        const=4.0,
+        default=0.0,
+        metavar="SECONDS",
+        help="make a stall on purpose: half-way, one generation hangs SECONDS (default 4) and "
+        "the watchdog, set to 2 s, writes its report to LOG_DIR/exp_NNN/stalls/",
+    )
     demo.set_defaults(run=_demo)
 
     replay = commands.add_parser(
@@ -160,6 +170,7 @@ def _demo(args: argparse.Namespace) -> int:
             step_seconds=args.step_seconds,
             hold=args.hold,
             on_start=started.append,
+            stall=args.stall,
         )
     except ValueError as exc:
         print(f"otel-rl demo: {exc}", file=sys.stderr)
@@ -181,6 +192,8 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"  Prometheus:       {summary['prometheus']} (served while the demo ran)")
     if summary.get("otlp"):
         print(f"  OTLP:             pushed to {summary['otlp']}")
+    for report in sorted(Path(summary["log_dir"], "stalls").glob("*.txt")):
+        print(f"  stall report:     {report}")
     return 0
 
 

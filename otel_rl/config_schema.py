@@ -294,6 +294,10 @@ class StallsSection(Section):
     straggler_window: int = _field(
         10, "steps over which a rank slowest in more than half of them is named", ge=2
     )
+    straggler_skew: float = _field(
+        1.2, "a step counts for its slowest rank when that rank took this many times the median",
+        ge=1,
+    )
 
 
 class RedactionSection(Section):

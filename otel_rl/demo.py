@@ -30,8 +30,10 @@ def demo_config(
     backends: Sequence[str] = DEMO_BACKENDS,
     prometheus_port: int | None = None,
     otlp_endpoint: str | None = None,
+    stall: float = 0.0,
 ) -> dict[str, Any]:
-    """The demo's embedded defaults: TensorBoard, JSONL and the console, no server needed."""
+    """The demo's embedded defaults: TensorBoard, JSONL and the console, no server needed.
+    ``stall``: the watchdog's threshold is 2 s, so that the demo's stall is reported."""
     check_backends(backends)
     cfg: dict[str, Any] = {flag: name in backends for name, flag in BACKEND_FLAGS.items()}
     cfg.update(
@@ -48,6 +50,8 @@ def demo_config(
     if otlp_endpoint is not None:
         # A shorter push interval than the default 10 s, so a paced demo looks live in Grafana.
         cfg["otlp"] = {"enabled": True, "endpoint": otlp_endpoint, "interval": 5.0}
+    if stall > 0:
+        cfg["stalls"] = {"after": 2.0, "factor": 5.0}
     return cfg
 
 
@@ -67,15 +71,18 @@ def simulated_worker(worker: WorkerMetrics, step: int, rng: random.Random) -> fl
 
 
 def simulate_training(
-    logger: Any, steps: int, seed: int = 0, step_seconds: float = 0.0
+    logger: Any, steps: int, seed: int = 0, step_seconds: float = 0.0, stall: float = 0.0
 ) -> None:
-    """The demo's GRPO-like loop on ``logger``: rewards, loss, KL, lengths, timings, throughput."""
+    """The demo's GRPO-like loop on ``logger``: rewards, loss, KL, lengths, timings, throughput.
+    ``stall``: half-way, one generation hangs that many seconds (a rollout that never returns)."""
     rng = random.Random(seed)
     workers = [WorkerMetrics(rank=rank, role="trainer") for rank in range(2)]
     for step in range(steps):
         started = time.perf_counter()
         with logger.timer("generation"):
             time.sleep(0.004)
+            if stall > 0 and step == steps // 2:
+                wait_for_a_rollout_that_hangs(stall)
             lengths = [rng.randint(64, 512) + 4 * step for _ in range(16)]
         with logger.timer("reward"):
             base = -1.0 + 2.0 * (1 - math.exp(-step / 15))
@@ -102,6 +109,11 @@ def simulate_training(
             time.sleep(max(0.0, step_seconds - (time.perf_counter() - started)))
 
 
+def wait_for_a_rollout_that_hangs(seconds: float) -> None:
+    """The demo's stall: what a stuck inference engine looks like from the training loop."""
+    time.sleep(seconds)
+
+
 def run_demo(
     steps: int = 50,
     log_dir: str | Path = "logs/demo",
@@ -112,6 +124,7 @@ def run_demo(
     step_seconds: float = 0.0,
     hold: float = 0.0,
     on_start: Callable[[Path], object] | None = None,
+    stall: float = 0.0,
 ) -> dict[str, Any]:
     """Run the simulated loop into a new run directory; returns where the results are.
 
@@ -135,7 +148,7 @@ def run_demo(
     from otel_rl.logger import Logger
 
     run_dir = Path(get_next_experiment_dir(str(log_dir)))
-    cfg = demo_config(run_dir, backends, prometheus_port, otlp_endpoint)
+    cfg = demo_config(run_dir, backends, prometheus_port, otlp_endpoint, stall)
     try:
         logger = Logger(cfg)
     except BaseException:
@@ -149,7 +162,7 @@ def run_demo(
         logger.log_hyperparams(
             {"algorithm": "grpo", "policy": {"lr": 1e-6, "model": "demo-0.5b"}, "steps": steps}
         )
-        simulate_training(logger, steps, seed=seed, step_seconds=step_seconds)
+        simulate_training(logger, steps, seed=seed, step_seconds=step_seconds, stall=stall)
         if hold > 0:
             time.sleep(hold)
         summary = {

@@ -319,18 +319,26 @@ class StallWatchdog:
 
 
 def thread_stacks(skip: int | None = None) -> dict[str, list[str]]:
-    """The Python stack of every thread of this process (innermost last), by thread name."""
+    """The Python stack of every thread of this process (innermost last), by thread name: the
+    main thread first, then the application's, then otel-rl's own (waiting, as a rule: their
+    innermost frame only)."""
     names = {t.ident: t for t in threading.enumerate()}
-    out: dict[str, list[str]] = {}
+    main: dict[str, list[str]] = {}
+    others: dict[str, list[str]] = {}
+    ours: dict[str, list[str]] = {}
     for ident, frame in sys._current_frames().items():
         if ident == skip:
             continue
         thread = names.get(ident)
         name = thread.name if thread is not None else f"thread {ident}"
+        stack = traceback.format_stack(frame)
         if thread is threading.main_thread():
-            name += " (main)"
-        out[name] = traceback.format_stack(frame)
-    return out
+            main[name + " (main)"] = stack
+        elif name.startswith("otel-rl"):
+            ours[name] = stack[-1:]
+        else:
+            others[name] = stack
+    return {**main, **others, **ours}
 
 
 def thread_names() -> dict[int, str]:

@@ -44,8 +44,13 @@ class StragglerWatch:
     costs one dict lookup per such key. ``on_straggler`` is called once per (timing, rank).
     """
 
-    def __init__(self, window: int, on_straggler: Callable[[Straggler], None]) -> None:
+    def __init__(
+        self, window: int, on_straggler: Callable[[Straggler], None], min_skew: float = 1.2
+    ) -> None:
         self.window = max(1, int(window))
+        #: A step counts for its slowest rank only when that rank took at least this many times
+        #: the median rank's time (a 5 % lead is noise, not a straggler).
+        self.min_skew = float(min_skew)
         self._on_straggler = on_straggler
         self._recent: dict[str, deque[tuple[int, int]]] = {}
         self._said: set[tuple[str, int]] = set()
@@ -60,6 +65,8 @@ class StragglerWatch:
         """``rank`` was the slowest for ``key`` (``<timing>/slowest_rank``) at ``step``."""
         if rank != rank:  # NaN: nobody had the timing
             return
+        if skew is not None and skew < self.min_skew:
+            rank = -1.0  # nobody was much slower than the others at this step
         timing = key[: -len(SLOWEST_SUFFIX)]
         recent = self._recent.setdefault(timing, deque(maxlen=self.window))
         if recent and recent[-1][0] == step:
@@ -67,7 +74,10 @@ class StragglerWatch:
         recent.append((step, int(rank)))
         if len(recent) < self.window:
             return
-        leader, times = Counter(r for _, r in recent).most_common(1)[0]
+        counts = Counter(r for _, r in recent if r >= 0)
+        if not counts:
+            return
+        leader, times = counts.most_common(1)[0]
         if times * 2 <= self.window or (timing, leader) in self._said:
             return
         self._said.add((timing, leader))
@@ -76,5 +86,9 @@ class StragglerWatch:
         self._on_straggler(found)
 
     def last_slowest(self) -> dict[str, int]:
-        """``{timing: rank}`` of the latest step each timing was reduced at."""
-        return {timing: recent[-1][1] for timing, recent in self._recent.items() if recent}
+        """``{timing: rank}`` of the latest step each timing had a clear slowest rank."""
+        return {
+            timing: recent[-1][1]
+            for timing, recent in self._recent.items()
+            if recent and recent[-1][1] >= 0
+        }

@@ -69,7 +69,9 @@ class RunWatch:
         self._step: int | None = None
         self._step_starts: deque[float] = deque(maxlen=32)
         self._watched: list[str] = []
-        self.stragglers = StragglerWatch(int(section["straggler_window"]), self._on_straggler)
+        self.stragglers = StragglerWatch(
+            int(section["straggler_window"]), self._on_straggler, float(section["straggler_skew"])
+        )
         self.watchdog: StallWatchdog | None = None
         if section["enabled"]:
             self.watchdog = StallWatchdog(

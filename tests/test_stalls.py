@@ -193,3 +193,25 @@ def test_a_blocked_ray_actor_appears_with_its_stack(tmp_path, ray_with_dashboard
         pytest.fail(f"no stack for the blocked actor: {entry.get('reason')}")
     assert "block_here_for_the_stall_test" in entry["stack"]
     assert "Rollout" in reports[0].with_suffix(".txt").read_text()
+
+
+def test_the_demo_makes_a_stall_on_purpose_and_says_where_its_report_is(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_rl.cli", "demo", "--steps", "10", "--stall", "3",
+         "--log-dir", str(tmp_path), "--backends", "jsonl"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (report,) = sorted((tmp_path / "exp_001" / "stalls").glob("*.txt"))
+    assert f"stall report:     {report}" in done.stdout
+    text = report.read_text()
+    assert "MainThread: generation" in text
+    assert "wait_for_a_rollout_that_hangs" in text  # the line the demo hangs on
+    assert "stall ended: steps resumed after" in text
+    rows = [r for r in jsonl_rows(tmp_path / "exp_001" / "metrics.jsonl") if "axis" not in r]
+    stalled = [(r["step"], r["metrics"]["stall/seconds"]) for r in rows
+               if "stall/seconds" in r["metrics"]]  # fmt: skip
+    assert len(stalled) == 1 and stalled[0][0] == 5 and stalled[0][1] >= 3

@@ -121,3 +121,13 @@ def test_the_window_counts_a_step_once_and_needs_more_than_half():
     assert len(found) == 1  # once per (timing, rank)
     watch.observe(7, "timing/x/slowest_rank", float("nan"), 1.0)  # nobody had it: ignored
     assert watch.last_slowest() == {"timing/x": 1}
+    watch.observe(8, "timing/x/slowest_rank", 3.0, 1.05)  # barely slower: nobody's step
+    assert watch.last_slowest() == {}
+
+
+def test_a_rank_always_slowest_by_a_hair_is_not_a_straggler():
+    found = []
+    watch = StragglerWatch(4, found.append, min_skew=1.2)
+    for step in range(10):
+        watch.observe(step, "timing/x/slowest_rank", 1.0, 1.11)
+    assert found == []
