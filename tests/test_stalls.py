@@ -215,3 +215,26 @@ def test_the_demo_makes_a_stall_on_purpose_and_says_where_its_report_is(tmp_path
     stalled = [(r["step"], r["metrics"]["stall/seconds"]) for r in rows
                if "stall/seconds" in r["metrics"]]  # fmt: skip
     assert len(stalled) == 1 and stalled[0][0] == 5 and stalled[0][1] >= 3
+
+
+def test_the_report_in_the_docs_is_what_the_demo_writes(tmp_path):
+    """docs/stalls.md pastes a report of ``otel-rl demo --stall``: its sections and its lines
+    about the demo's stall are the ones the demo writes today."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "otel_rl.cli", "demo", "--steps", "20", "--stall",
+                    "2.5", "--log-dir", str(tmp_path), "--backends", "jsonl"],
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    (report,) = (tmp_path / "exp_001" / "stalls").glob("*.txt")
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "stalls.md").read_text()
+    pasted = docs.split("otel-rl stall report", 1)[1].split("```", 1)[0]
+    real = report.read_text()
+    headings = [ln for ln in real.splitlines() if ln and not ln.startswith(" ") and ":" in ln]
+    for heading in headings:
+        key = heading.split(":")[0]
+        assert any(ln.startswith(key) for ln in pasted.splitlines()), heading
+    for line in ("MainThread: generation", "wait_for_a_rollout_that_hangs(stall)",
+                 "reason: torch is not imported in this process",
+                 "reason: Ray is not used in this process"):  # fmt: skip
+        assert line in real and line in pasted
