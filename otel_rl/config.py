@@ -105,24 +105,26 @@ def _syntax_error(path: Path, exc: Any) -> str:
     return f"logger config file {path}{where}: {problem}"
 
 
-# YAML 1.2 reads 5e-1, 1e3, 1.5e3 and .5e1 as numbers; YAML 1.1 (PyYAML) wants a dot and a
-# signed exponent, and makes them strings, which a number key then refuses. Added to PyYAML's
-# own float resolvers (the ones with a dot stay as they are), for plain scalars only: a quoted
-# "5e-1" is still a string.
+# YAML 1.2 reads 5e-1, 1e3, 1.5e3 and .5e1 as numbers, and so does OmegaConf, which reads NeMo
+# RL's experiment files; YAML 1.1 (PyYAML) wants a dot and a signed exponent, and makes them
+# strings, which a number key then refuses. Added to PyYAML's own float resolvers (the ones with
+# a dot stay as they are), for plain scalars only: a quoted "5e-1" is still a string.
 _EXPONENT_FLOAT = r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"
 
 
 @functools.cache
-def _config_loader() -> type:
+def _config_loader() -> Any:
+    """PyYAML's safe loader, with YAML 1.2's numbers that have an exponent."""
     import yaml
 
-    class ConfigLoader(yaml.SafeLoader):
-        """PyYAML's safe loader, with YAML 1.2's numbers that have an exponent."""
-
-    ConfigLoader.add_implicit_resolver(
+    # type() rather than a class statement: yaml has no type information, and mypy refuses a
+    # class whose base is Any. add_implicit_resolver copies the resolvers into the subclass
+    # first, so SafeLoader itself is unchanged.
+    loader: Any = type("ConfigLoader", (yaml.SafeLoader,), {})
+    loader.add_implicit_resolver(
         "tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+0123456789.")
     )
-    return ConfigLoader
+    return loader
 
 
 def resolve_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:

@@ -526,7 +526,17 @@ def use_trace_carrier(carrier: Mapping[str, str] | None) -> Iterator[None]:
 
 
 def otlp_span_exporter(otlp: Mapping[str, Any], meter_provider: Any = None) -> Any:
-    """An OTLP span exporter configured like the metric one (same endpoint, headers, timeout)."""
+    """An OTLP span exporter configured like the metric one (same endpoint, headers, timeout).
+
+    A collector that is down costs one warning (shared with the run's metrics to the same
+    collector) instead of the SDK's lines at every batch (:class:`otel_rl.otlp.ExportWatch`).
+    """
+    from otel_rl.otlp import WatchedSpanExporter
+
+    return WatchedSpanExporter(_sdk_span_exporter(otlp, meter_provider))
+
+
+def _sdk_span_exporter(otlp: Mapping[str, Any], meter_provider: Any) -> Any:
     protocol = (
         otlp.get("protocol")
         or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")

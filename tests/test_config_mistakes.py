@@ -97,9 +97,7 @@ def test_non_finite_number_from_a_dict_is_a_config_error_naming_the_key(path, ki
 
 
 @pytest.mark.parametrize(("path", "kind", "name"), CASES)
-def test_non_finite_number_from_yaml_is_a_config_error_naming_the_key(
-    tmp_path, path, kind, name
-):
+def test_non_finite_number_from_yaml_is_a_config_error_naming_the_key(tmp_path, path, kind, name):
     file = tmp_path / "logger.yaml"
     file.write_text(_yaml(path, NON_FINITE[name][1]))
     with pytest.raises(ConfigError) as info:
@@ -123,7 +121,11 @@ def test_non_finite_number_through_otel_rl_config_env(tmp_path):
 
 @pytest.mark.parametrize(
     "variable",
-    ["OTEL_METRIC_EXPORT_INTERVAL", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"],
+    [
+        "OTEL_METRIC_EXPORT_INTERVAL",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+    ],
 )
 @pytest.mark.parametrize("text", ["inf", "-inf", "nan", "Infinity", "1e999"])
 def test_non_finite_otlp_environment_variable_is_a_config_error_naming_it(variable, text):
@@ -140,7 +142,7 @@ def test_finite_values_still_pass():
     assert resolve_otlp({}, environ={"OTEL_METRIC_EXPORT_INTERVAL": "2500"}).interval_s == 2.5
 
 
-# ---- 11: YAML numbers, syntax errors, a directory --------------------------------------------------
+# ---- 11: YAML numbers, syntax errors, a directory ----------------------------------------------
 
 
 def _load(tmp_path: Path, text: str) -> dict[str, Any]:
@@ -222,7 +224,7 @@ def test_a_directory_as_the_config_file_says_it_is_a_directory(tmp_path):
         resolve_config(tmp_path / "missing.yaml")
 
 
-# ---- 12: the Prometheus port already in use ---------------------------------------------------------
+# ---- 12: the Prometheus port already in use ---------------------------------------------------
 
 
 def _threads() -> set[threading.Thread]:
@@ -269,9 +271,23 @@ def test_prometheus_port_in_use_is_one_clear_error(tmp_path, busy_port):
     assert _threads() - before == set()
 
 
-def test_a_pipeline_that_fails_after_starting_prometheus_leaves_nothing_running(
-    tmp_path, monkeypatch
-):
+def test_a_prometheus_host_that_is_not_this_machine_names_the_host_key(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        Logger(
+            {
+                "log_dir": str(tmp_path),
+                "jsonl_enabled": False,
+                "capture_global_meters": False,
+                # TEST-NET-1 (RFC 5737): no machine has this address
+                "prometheus": {"enabled": True, "host": "192.0.2.1", "port": 0},
+            }
+        )
+    assert str(info.value).startswith(
+        "logger config 'prometheus.host': 192.0.2.1 is not an address of this machine"
+    ), str(info.value)
+
+
+def test_a_pipeline_that_fails_leaves_no_server_or_thread_running(tmp_path, monkeypatch):
     port = closed_port()
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "soon")  # checked when the run starts
     before = _threads()
