@@ -20,7 +20,7 @@ from otel_rl.checkpoint import PendingStepCheckpointer
 from otel_rl.config import resolve_config
 from otel_rl.delivery import ExportOptions
 from otel_rl.distributed.reductions import ReductionRules
-from otel_rl.errors import MetricError, MetricReporter
+from otel_rl.errors import ConfigError, MetricError, MetricReporter
 from otel_rl.fanout import Fanout
 from otel_rl.fork_safe_log import log as _log
 from otel_rl.keys import KeyCollisionError, KeyRegistry
@@ -40,7 +40,7 @@ from otel_rl.redaction import compile_patterns, flatten_params, redact, redact_n
 from otel_rl.registry import enabled_backends, exporter_class
 from otel_rl.routing import global_router
 from otel_rl.self_telemetry import install_self_telemetry
-from otel_rl.spool import spool_root
+from otel_rl.spool import SpoolBusy, spool_root
 from otel_rl.steps import StepAssembler, checked_step
 from otel_rl.timing import Timer, TimerFactory
 from otel_rl.tracing import StepSpans, build_tracer_provider
@@ -93,11 +93,17 @@ class Logger:
         self.exporters = [cls.from_config(cfg) for cls in classes]
         self.exporters.extend(exporters)
         self._spool_folders: set[str] = set()
-        for exporter in self.exporters:  # the same export.* for every exporter, however built
-            self._attach(exporter, options)
+        # What can refuse the run (a port in use, the OTLP environment) comes before any
+        # tracker thread starts: a Logger() that raises leaves nothing running.
+        self._pipeline = Pipeline(cfg, build_resource(cfg, self.run_id))
+        try:
+            for exporter in self.exporters:  # the same export.* for every exporter
+                self._attach(exporter, options)
+        except BaseException:
+            self._abandon_start()
+            raise
         self._fanout = Fanout(self.exporters)
 
-        self._pipeline = Pipeline(cfg, build_resource(cfg, self.run_id))
         self.meter_provider = self._pipeline.provider
         self._meter = self._pipeline.provider.get_meter(OWN_SCOPE)
         self._side_meter = self._pipeline.side_provider.get_meter(OWN_SCOPE)
@@ -424,7 +430,22 @@ class Logger:
         if "redaction" in inspect.signature(exporter.attach).parameters:
             spool["redaction"] = self._redaction
         exporter.attach(options, **spool)
-        exporter.start()
+        try:
+            exporter.start()
+        except SpoolBusy as busy:
+            raise ConfigError(
+                f"run_id {self.run_id!r} is already in use in {self.log_dir}: its {exporter.name} "
+                f"spool is held by {busy.holder}; give each run its own run_id (or leave it "
+                "unset for a fresh one)"
+            ) from None
+
+    def _abandon_start(self) -> None:
+        """``Logger()`` failed half-way: stop the trackers started so far (nothing was logged to
+        them) and the operator outputs."""
+        for exporter in self.exporters:
+            if getattr(exporter, "started", False):
+                _shutdown_exporter(exporter, 1000.0, 0)
+        self._pipeline.shutdown(timeout_millis=1000)
 
     def _spool_options(self, tracker: str) -> dict[str, Any]:
         if not self.config["export"]["spool"]:

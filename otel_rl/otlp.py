@@ -468,23 +468,30 @@ class WatchedMetricExporter(MetricExporter):
 
 
 class WatchedSpanExporter:
-    """An OTLP span exporter, its failures told once by an :class:`ExportWatch`.
+    """An OTLP span (or log record) exporter, its failures told once by an
+    :class:`ExportWatch`.
 
     Duck-typed (``export``, ``shutdown``, ``force_flush``) rather than a ``SpanExporter``
     subclass, so that this module does not import the tracing SDK when tracing is off.
     """
 
+    signal = "spans"
+
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         endpoint = str(getattr(inner, "_endpoint", None) or "the OTLP endpoint")
-        self.watch = ExportWatch("spans", endpoint, "at every batch")
+        self.watch = ExportWatch(self.signal, endpoint, "at every batch")
         _quiet_loggers_of(inner)
 
-    def export(self, spans: Sequence[Any]) -> Any:
+    def export(self, items: Sequence[Any]) -> Any:
+        success, failure = self._results()
+        ok = _watched_call(self.watch, lambda: self._inner.export(items), success)
+        return success if ok else failure
+
+    def _results(self) -> tuple[Any, Any]:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        ok = _watched_call(self.watch, lambda: self._inner.export(spans), SpanExportResult.SUCCESS)
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS, SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return bool(self._inner.force_flush(timeout_millis))
@@ -492,3 +499,14 @@ class WatchedSpanExporter:
     def shutdown(self) -> None:
         self.watch.close()
         self._inner.shutdown()
+
+
+class WatchedLogExporter(WatchedSpanExporter):
+    """An OTLP log record exporter (the run's stall and straggler events), told the same way."""
+
+    signal = "log records"
+
+    def _results(self) -> tuple[Any, Any]:
+        from opentelemetry.sdk._logs.export import LogRecordExportResult
+
+        return LogRecordExportResult.SUCCESS, LogRecordExportResult.FAILURE

@@ -25,18 +25,20 @@ TIMING_BUCKETS = (
 
 # ---- the timers open right now (read by the stall report) ---------------------------------------
 #
-# One list per thread, outermost first: ``(name, monotonic start)``. Each list is appended to and
-# popped only by its own thread; the stall watchdog copies them from another thread.
-_open_timers: dict[int, list[tuple[str, float]]] = {}
+# One list per thread, outermost first: ``(name, monotonic start, owner)``, the owner a weak
+# reference to the object that will stop the timer (``None``: a block that always ends). Each list
+# is appended to and popped only by its own thread; the stall watchdog copies them from another.
+_open_timers: dict[int, list[tuple[str, float, Any]]] = {}
 
 
-def timer_opened(name: str) -> None:
-    """A timer named ``name`` started on this thread."""
+def timer_opened(name: str, owner: Any = None) -> None:
+    """A timer named ``name`` started on this thread; ``owner``, when given, stops it (a timer
+    whose owner is gone can never stop, and is no longer listed as open)."""
     ident = threading.get_ident()
     stack = _open_timers.get(ident)
     if stack is None:
         stack = _open_timers[ident] = []
-    stack.append((name, time.monotonic()))
+    stack.append((name, time.monotonic(), None if owner is None else weakref.ref(owner)))
 
 
 def timer_closed(name: str) -> None:
@@ -59,7 +61,11 @@ def open_timers() -> dict[int, list[tuple[str, float]]]:
     live = {t.ident for t in threading.enumerate()}
     for ident in [i for i in list(_open_timers) if i not in live]:
         _open_timers.pop(ident, None)  # a thread that died inside a timer
-    return {ident: list(stack) for ident, stack in list(_open_timers.items()) if stack}
+    return {
+        ident: held
+        for ident, stack in list(_open_timers.items())
+        if (held := [(n, at) for n, at, owner in list(stack) if owner is None or owner()])
+    }
 
 
 class Timer:
@@ -71,7 +77,10 @@ class Timer:
     is exactly the recorded value; without one the only extra cost is a ``None`` check.
     """
 
-    __slots__ = ("_attributes", "_name", "_record", "_span_name", "_spans", "_starts", "_tracer")
+    __slots__ = (
+        "__weakref__", "_attributes", "_name", "_record", "_span_name", "_spans", "_starts",
+        "_tracer",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -95,7 +104,7 @@ class Timer:
                 self._span_name, attributes=self._attributes, end_on_exit=False
             )
             self._spans.append((scope, scope.__enter__()))
-        timer_opened(self._name)
+        timer_opened(self._name, self)
         self._starts.append(time.perf_counter())
         return self
 

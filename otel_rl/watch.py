@@ -284,6 +284,10 @@ class OtlpLogRecords:
             endpoint = settings.endpoint.removesuffix("/v1/metrics") + "/v1/logs"
             exporter = HttpLogExporter(endpoint=endpoint, headers=settings.headers or None,
                                        timeout=settings.timeout_s)  # fmt: skip
+        from otel_rl.otlp import WatchedLogExporter
+
         self._provider = LoggerProvider(resource=self._resource, shutdown_on_exit=False)
-        self._provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+        # A collector that is down costs the one warning the metrics path gives, not a line each.
+        watched: Any = WatchedLogExporter(exporter)
+        self._provider.add_log_record_processor(SimpleLogRecordProcessor(watched))
         return self._provider.get_logger("otel_rl")

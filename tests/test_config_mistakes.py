@@ -305,11 +305,6 @@ def test_a_pipeline_that_fails_leaves_no_server_or_thread_running(tmp_path, monk
     assert _port_is_free(port)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Logger() starts the trackers (threads, spool) before the Pipeline binds the "
-    "Prometheus port, and does not stop them when it fails (otel_rl/logger.py)",
-)
 def test_a_failed_logger_leaves_no_tracker_running(tmp_path, busy_port):
     before = _threads()
     with pytest.raises(ConfigError, match="already in use"):

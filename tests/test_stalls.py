@@ -238,3 +238,36 @@ def test_the_report_in_the_docs_is_what_the_demo_writes(tmp_path):
                  "reason: torch is not imported in this process",
                  "reason: Ray is not used in this process"):  # fmt: skip
         assert line in real and line in pasted
+
+
+def test_a_stall_with_the_collector_down_adds_no_otlp_line_of_its_own(tmp_path):
+    """The stall's OTLP log record fails like the metrics do: the one warning about the
+    collector covers both (no SDK line per failed export)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.otlp_receiver import closed_port
+
+    script = textwrap.dedent(f"""
+        import time
+        from otel_rl import Logger
+        logger = Logger({{"log_dir": {str(tmp_path)!r}, "jsonl_enabled": True,
+                         "otlp": {{"enabled": True, "endpoint": "http://127.0.0.1:{closed_port()}",
+                                  "interval": 1, "timeout": 1}},
+                         "stalls": {{"after": 1, "factor": 2}}}})
+        for step in range(3):
+            logger.log_metrics({{"loss": 1.0}}, step=step)
+        time.sleep(3)                               # a stall: report, events, a log record
+        logger.log_metrics({{"loss": 1.0}}, step=3)
+        time.sleep(0.5)                             # the stall's end is told too
+        logger.finish()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    otlp = [ln for ln in lines if "OTLP" in ln or "opentelemetry" in ln or "Traceback" in ln]
+    assert len(otlp) == 1, lines
+    assert sum("stalled" in ln for ln in lines) == 1
+    assert sum("stall ended" in ln for ln in lines) == 1

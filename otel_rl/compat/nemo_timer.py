@@ -95,7 +95,7 @@ class Timer:
         tracer = ambient_tracer()
         if tracer is not None:
             self._spans[label] = TimerSpan(tracer, label)
-        timer_opened(label)
+        timer_opened(label, self)
         self._start_times[label] = time.perf_counter()
         if should_log:
             self._debug(label, "start")
