@@ -271,3 +271,45 @@ def test_a_stall_with_the_collector_down_adds_no_otlp_line_of_its_own(tmp_path):
     assert len(otlp) == 1, lines
     assert sum("stalled" in ln for ln in lines) == 1
     assert sum("stall ended" in ln for ln in lines) == 1
+
+
+@pytest.mark.slow
+def test_a_worker_stuck_inside_a_timer_is_named_with_its_open_timers(tmp_path, ray_with_dashboard):
+    """A worker that pushes to the metrics aggregator tells it which timers are open in it;
+    the driver's stall report names that worker and the timer it never left."""
+    ray = ray_with_dashboard
+    from otel_rl.ray.aggregator import MetricsAggregator
+
+    aggregator = MetricsAggregator.start()
+
+    @ray.remote(num_cpus=0)
+    class Policy:
+        def generate_forever(self, seconds: float) -> None:
+            from otel_rl.distributed import WorkerMetrics
+            from otel_rl.ray.aggregator import MetricsAggregator
+
+            worker = WorkerMetrics(rank=2, role="policy")
+            MetricsAggregator.connect().push(worker.snapshot(step=0))
+            with worker.timer("generate"):
+                time.sleep(seconds)
+
+    actor = Policy.remote()
+    ray.get(actor.__ray_ready__.remote())
+    log_dir = tmp_path / "logs"
+    logger = Logger({"log_dir": str(log_dir), "stalls": {"after": 5, "stacks_timeout": 20}})
+    for step in range(3):
+        logger.log_metrics({"loss": float(step)}, step=step)
+    ref = actor.generate_forever.remote(60)
+    reports = _wait_for(lambda: sorted((log_dir / "stalls").glob("*.json")), 60, "a report")
+    report = json.loads(reports[0].read_text())
+    ray.kill(actor)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(ref, timeout=30)
+    logger.finish()
+    aggregator.kill()
+    (worker,) = [name for name in report["workers"] if name.startswith("policy rank 2")]
+    timers = report["workers"][worker]["timers"]
+    assert [name for stack in timers.values() for name, _ in stack] == ["generate"]
+    assert any(s.startswith("policy rank 2") and "still inside generate" in s
+               for s in report["stragglers"])  # fmt: skip
+    assert "still inside generate" in reports[0].with_suffix(".txt").read_text()
