@@ -313,3 +313,59 @@ def test_a_worker_stuck_inside_a_timer_is_named_with_its_open_timers(tmp_path, r
     assert any(s.startswith("policy rank 2") and "still inside generate" in s
                for s in report["stragglers"])  # fmt: skip
     assert "still inside generate" in reports[0].with_suffix(".txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_stall_reaches_every_tracker_with_text_as_text(monkeypatch, tmp_path):
+    """W&B (offline files, read with W&B's own decoder), SwanLab (offline, its own reader),
+    MLflow (a local store, read with its client) and TensorBoard each hold the stall's summary
+    at the last step before it, and the end of the stall after it."""
+    import uuid
+
+    from tests.tracker_readers import read_swanlab, read_wandb, swanlab_run_dirs, wandb_run_dirs
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
+    monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab-root"))
+    log_dir = tmp_path / "logs"
+    project = f"otel-rl-tests-{uuid.uuid4().hex[:8]}"
+    cfg = {
+        "log_dir": str(log_dir), "tensorboard_enabled": True,
+        "wandb_enabled": True, "wandb": {"project": project, "name": "stall"},
+        "swanlab_enabled": True, "swanlab": {"project": project, "mode": "offline"},
+        "mlflow_enabled": True, "mlflow": {"experiment_name": project},
+        "stalls": {"after": 1, "factor": 2},
+    }  # fmt: skip
+    with Logger(cfg) as logger:
+        for step in range(3):
+            logger.log_metrics({"loss": float(step)}, step=step)
+        (report,) = _wait_for(lambda: list((log_dir / "stalls").glob("*.txt")), 20, "a report")
+        logger.log_metrics({"loss": 3.0}, step=3)
+        _wait_for(lambda: "stall ended" in report.read_text(), 20, "the stall's end")
+        exporters = {e.name: e for e in logger.exporters}
+    events = jsonl_rows(log_dir / "events.jsonl")
+    assert [(e["step"], e["level"]) for e in events] == [(2, "warning"), (3, "info")]
+    wb = read_wandb(wandb_run_dirs(log_dir)[0])
+    panels = [row for row in wb.history if "otel_rl/stall._type" in row]  # W&B flattens media
+    assert [(row["global_step"], row["otel_rl/stall._type"]) for row in panels] == [
+        (2, "html-file"), (3, "html-file"),
+    ]  # fmt: skip
+    sl = read_swanlab(swanlab_run_dirs(log_dir / "swanlab")[0])
+    assert [(step, kind) for step, kind, _ in sl.media["otel_rl/stall"]] == [
+        (2, "COLUMN_TYPE_TEXT"), (3, "COLUMN_TYPE_TEXT"),
+    ]  # fmt: skip
+    from mlflow.tracking import MlflowClient
+
+    mlflow = exporters["mlflow"]
+    client = MlflowClient(mlflow.tracking_uri)
+    folder = "events/otel_rl/stall"
+    names = sorted(Path(f.path).name for f in client.list_artifacts(mlflow.run_id, folder))
+    assert names == ["step_2.txt", "step_3.txt"]
+    first = client.download_artifacts(mlflow.run_id, f"{folder}/step_2.txt", str(tmp_path))
+    assert "stalled: no step for" in Path(first).read_text()
+    tags = tensorboard_accumulator(log_dir / "tensorboard").Tags()["tensors"]
+    assert any("otel_rl/stall" in tag for tag in tags)
