@@ -1,20 +1,33 @@
-"""Helpers both drop-ins share: plain config values and the exit code of a run ending now."""
+"""Helpers both drop-ins share: plain config values (OmegaConf resolved) and the exit code of a run
+ending now."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["exit_code_now", "plain"]
+from otel_rl.errors import ConfigError
+
+__all__ = ["exit_code_now", "plain_config"]
 
 
-def plain(value: Any) -> Any:
-    """Mappings (OmegaConf containers included) as dicts with string keys, tuples as lists,
-    recursively; every other value as it is."""
+def plain_config(value: Any, where: str = "config") -> Any:
+    """``value`` as plain dicts and lists: OmegaConf containers (at any depth) through
+    ``OmegaConf.to_container(resolve=True)``, so ``${...}`` interpolations are resolved; other
+    mappings with string keys, tuples as lists. A ``${...}`` that cannot be resolved is a
+    :class:`ConfigError` naming ``where``."""
+    omegaconf = sys.modules.get("omegaconf")  # an OmegaConf object means it is imported already
+    if omegaconf is not None and isinstance(value, omegaconf.Container):
+        try:
+            value = omegaconf.OmegaConf.to_container(value, resolve=True)
+        except Exception as exc:  # a custom resolver may raise anything, not only omegaconf's
+            detail = " ".join(str(exc).split())
+            raise ConfigError(f"{where}: cannot resolve the OmegaConf config: {detail}") from None
     if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
+        return {str(k): plain_config(v, where) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        return [plain_config(v, where) for v in value]
     return value
 
 

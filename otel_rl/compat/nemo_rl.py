@@ -33,7 +33,7 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import NotRequired
 
-from otel_rl.compat.common import exit_code_now
+from otel_rl.compat.common import exit_code_now, plain_config
 from otel_rl.compat.live import NEMO_RL_LOGGERS
 from otel_rl.compat.message_samples import (
     SAMPLE_COLUMNS,
@@ -47,7 +47,6 @@ from otel_rl.compat.nemo_utils import (
     get_next_experiment_dir,
     log_container_init_timing,
 )
-from otel_rl.compat.verl_config import plain_config
 from otel_rl.paths import path_inside
 
 if TYPE_CHECKING:

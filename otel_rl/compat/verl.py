@@ -23,14 +23,13 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from otel_rl.compat.common import exit_code_now
+from otel_rl.compat.common import exit_code_now, plain_config
 from otel_rl.compat.live import VERL_TRACKINGS
 from otel_rl.compat.verl_config import (
     SUPPORTED_BACKENDS,
     backend_names,
     core_config,
     file_logger_path,
-    plain_config,
     tracking_config,
 )
 from otel_rl.compat.verl_timing import marked_timer, simple_timer

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -115,7 +114,8 @@ def tracking_config(
     1. verl's defaults (``tensorboard_log/<project>/<experiment>``, ``swanlog``, log dir
        ``otel_rl_logs/<project>/<experiment>``, no JSONL tracker);
     2. the ``OTEL_RL_CONFIG`` file;
-    3. ``config["otel_rl"]`` (a plain mapping; see :func:`plain_config` for OmegaConf);
+    3. ``config["otel_rl"]`` (a plain mapping; OmegaConf resolved by
+       :func:`otel_rl.compat.common.plain_config`);
     4. what verl itself is told: the trackers ``default_backend`` names are on, each tracker's
        project and run are ``project_name``/``experiment_name``, and verl's environment
        variables that are set (``TENSORBOARD_DIR``, ``MLFLOW_TRACKING_URI``, ...,
@@ -141,8 +141,8 @@ def tracking_config(
 def otel_rl_section(config: Mapping[str, Any] | None) -> dict[str, Any]:
     """``config["otel_rl"]`` checked against the logger config's keys (``{}`` when absent).
 
-    ``config`` is plain already (:func:`plain_config`). A key mistake is the Logger's
-    :class:`ConfigError` (``did you mean ...``), prefixed with where the section is.
+    ``config`` is plain already (:func:`otel_rl.compat.common.plain_config`). A key mistake is
+    the Logger's :class:`ConfigError` (``did you mean ...``), prefixed with where the section is.
     """
     if not isinstance(config, Mapping):
         return {}
@@ -156,25 +156,6 @@ def otel_rl_section(config: Mapping[str, Any] | None) -> dict[str, Any]:
         )
     _check_alone(section, f"verl config '{SECTION}'")
     return dict(section)
-
-
-def plain_config(value: Any, where: str = "config") -> Any:
-    """``value`` as plain dicts and lists: OmegaConf containers (at any depth) through
-    ``OmegaConf.to_container(resolve=True)``, so ``${...}`` interpolations are resolved; other
-    mappings with string keys, tuples as lists. A ``${...}`` that cannot be resolved is a
-    :class:`ConfigError` naming ``where``."""
-    omegaconf = sys.modules.get("omegaconf")  # an OmegaConf object means it is imported already
-    if omegaconf is not None and isinstance(value, omegaconf.Container):
-        try:
-            value = omegaconf.OmegaConf.to_container(value, resolve=True)
-        except Exception as exc:  # a custom resolver may raise anything, not only omegaconf's
-            detail = " ".join(str(exc).split())
-            raise ConfigError(f"{where}: cannot resolve the OmegaConf config: {detail}") from None
-    if isinstance(value, Mapping):
-        return {str(k): plain_config(v, where) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain_config(v, where) for v in value]
-    return value
 
 
 def _layered(
