@@ -27,9 +27,14 @@ def sdk_exporter_class(name: str) -> type:
         def __new__(klass: type, **overrides: Any) -> Any:
             from otel_rl.env_config import config_from_env, exporter_options_from_env
 
+            cfg = config_from_env()
             options = {**exporter_options_from_env(), **overrides}
+            # No Logger attaches a spool here, so a full queue cannot wait on disk: it drops its
+            # oldest record (or blocks, when export.on_full says so), without a warning.
+            full = cfg["export"]["on_full"]
+            options.setdefault("on_full", "block" if full == "block" else "drop_oldest")
             # An instance of ``base``, not of ``klass``: Python then skips ``__init__`` here.
-            return base.from_config(config_from_env(), **options)
+            return base.from_config(cfg, **options)
 
         cls = type(
             f"{base.__name__}FromEnv",

@@ -109,8 +109,9 @@ def test_otel_only_script_reaches_tensorboard_and_mlflow(mlflow_server, tmp_path
     assert by_step("rollout.latency/sum") == {s: 0.25 * (s + 1) for s in range(5)}
 
 
-def test_sdk_builds_the_exporters_from_the_environment(tmp_path, monkeypatch):
-    """The lookup and zero-argument construction that the SDK configurator performs, in-process."""
+def test_sdk_builds_the_exporters_from_the_environment(tmp_path, monkeypatch, otel_rl_warnings):
+    """The lookup and zero-argument construction that the SDK configurator performs, in-process;
+    with no config of the user's, not a single warning."""
     from opentelemetry.sdk._configuration import _import_exporters
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -148,3 +149,4 @@ def test_sdk_builds_the_exporters_from_the_environment(tmp_path, monkeypatch):
     rows = jsonl_rows(tmp_path / "rows.jsonl")
     assert [(r["step"], r["metrics"]["loss"]) for r in rows[:2]] == [(3, 0.3), (4, 0.4)]
     assert all("axis" not in r for r in rows)  # on the step axis, not elapsed seconds
+    assert [r.getMessage() for r in otel_rl_warnings.records] == []
