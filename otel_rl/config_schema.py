@@ -251,6 +251,12 @@ class OtlpSection(Section):
         None,
         "histogram aggregation on OTLP only (unset: `explicit`); Prometheus keeps explicit buckets",
     )
+    semantic_conventions: bool = _field(
+        False,
+        "OTLP only: GPU metrics under OpenTelemetry's semantic-convention names and units "
+        "(`hw.gpu.utilization`, ...); Prometheus and tracker keys keep otel-rl's "
+        "([metrics.md](metrics.md#semantic-conventions-on-otlp))",
+    )
 
 
 class ExportSection(Section):

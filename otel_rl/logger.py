@@ -528,18 +528,15 @@ class Logger:
             gpu_latest=(lambda: gpu.scraper.latest) if gpu is not None else None,
         )
         if self._pipeline.has_side_readers:
+            from otel_rl.catalogue import SECONDS_SINCE_STEP, STALLED
+
             attributes = {"run_id": self.run_id}
-            self._side_meter.create_observable_gauge(
-                "otel_rl.stalled",
-                [lambda options: [Observation(watch.stalled(), attributes)]],
-                description="1 while the run is stalled (no step for longer than the stall "
-                "threshold), else 0",
+            STALLED.create(
+                self._side_meter, [lambda options: [Observation(watch.stalled(), attributes)]]
             )
-            self._side_meter.create_observable_gauge(
-                "otel_rl.seconds_since_step",
+            SECONDS_SINCE_STEP.create(
+                self._side_meter,
                 [lambda options: [Observation(watch.seconds_since_step(), attributes)]],
-                # No unit: Prometheus would add a second "_seconds" to a name that says it.
-                description="seconds since the last log_metrics call",
             )
         return watch
 

@@ -13,6 +13,9 @@ our exporters is wrapped (:class:`ExportWatch`), which reads the export's result
 failures and says once when exports start failing and once when they work again; while our
 export call runs, a filter drops what the SDK's exporter loggers say on that thread (those lines
 reach ``otel_rl``'s DEBUG level instead). Exporters the application builds itself are untouched.
+
+With ``otlp.semantic_conventions`` the same wrapper renames otel-rl's GPU metrics to
+OpenTelemetry's semantic conventions in what it sends (:class:`SemanticConventionNames`).
 """
 
 from __future__ import annotations
@@ -22,19 +25,26 @@ import logging
 import math
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Metric,
     MetricExporter,
     MetricExportResult,
     MetricsData,
+    NumberDataPoint,
     PeriodicExportingMetricReader,
+    Sum,
 )
 
+from otel_rl import catalogue
 from otel_rl.errors import MAX_SHOWN_REASON, ConfigError, shorten
 from otel_rl.fork_safe_log import log as _log
 
@@ -62,6 +72,8 @@ class OtlpSettings:
     insecure: bool | None = None
     # None: as OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION says (explicit if unset)
     histogram: str | None = None
+    # otel-rl's GPU metrics under semantic-convention names (otel_rl.catalogue), OTLP only
+    semantic_conventions: bool = False
 
 
 def resolve_otlp(otlp: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> OtlpSettings:
@@ -91,6 +103,7 @@ def resolve_otlp(otlp: Mapping[str, Any], environ: Mapping[str, str] | None = No
         headers=headers,
         insecure=_insecure(otlp.get("insecure")),
         histogram=_histogram(otlp.get("histogram")),
+        semantic_conventions=_semantic_conventions(otlp.get("semantic_conventions")),
     )
 
 
@@ -113,7 +126,13 @@ class OtlpOutput:
         self._exporters: list[MetricExporter] = []
         try:
             for watch in self._watches:
-                self._exporters.append(WatchedMetricExporter(build_exporter(self.settings), watch))
+                self._exporters.append(
+                    WatchedMetricExporter(
+                        build_exporter(self.settings),
+                        watch,
+                        semantic_conventions=self.settings.semantic_conventions,
+                    )
+                )
         except BaseException:
             self.close()
             raise
@@ -266,6 +285,12 @@ def _histogram(configured: Any) -> str | None:
             f"otlp.histogram must be one of {', '.join(HISTOGRAMS)} or null, got {configured!r}"
         )
     return str(configured)
+
+
+def _semantic_conventions(configured: Any) -> bool:
+    if configured is not None and not isinstance(configured, bool):
+        raise ConfigError(f"otlp.semantic_conventions must be true or false, got {configured!r}")
+    return bool(configured)
 
 
 def _aggregation(histogram: str | None) -> dict[type, Any] | None:
@@ -439,20 +464,28 @@ def _watched_call(watch: ExportWatch, call: Callable[[], _Result], success: _Res
 
 
 class WatchedMetricExporter(MetricExporter):
-    """The SDK's OTLP metric exporter, its failures told by an :class:`ExportWatch`."""
+    """The SDK's OTLP metric exporter, its failures told by an :class:`ExportWatch`; with
+    ``semantic_conventions``, what it sends is renamed first (:class:`SemanticConventionNames`).
+    """
 
-    def __init__(self, inner: MetricExporter, watch: ExportWatch) -> None:
+    def __init__(
+        self, inner: MetricExporter, watch: ExportWatch, *, semantic_conventions: bool = False
+    ) -> None:
         super().__init__(
             preferred_temporality=inner._preferred_temporality,
             preferred_aggregation=inner._preferred_aggregation,
         )
         self._inner = inner
         self.watch = watch
+        self._rename = SemanticConventionNames() if semantic_conventions else None
         _quiet_loggers_of(inner)
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
+        if self._rename is not None:
+            metrics_data = self._rename(metrics_data)
+
         def call() -> MetricExportResult:
             return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
 
@@ -465,6 +498,66 @@ class WatchedMetricExporter(MetricExporter):
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self.watch.close()
         self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+# ---- semantic conventions (otlp.semantic_conventions) -------------------------------------------
+
+
+class SemanticConventionNames:
+    """Rewrites otel-rl's own metrics that an OpenTelemetry semantic convention defines into
+    the convention's name, unit, instrument, value and attributes, in the data one OTLP
+    exporter sends; the mapping is declared with each metric in :mod:`otel_rl.catalogue`.
+
+    Why in the exporter rather than with SDK Views: a View applies to every reader of its
+    MeterProvider, and each of the run's two providers also feeds Prometheus (and the main one
+    the trackers' step reader), which must keep otel-rl's names. A third provider for OTLP
+    alone would run every observable callback once more per collection and split the
+    instruments between providers. Renaming here changes what OTLP sends and nothing else.
+    """
+
+    def __init__(self) -> None:
+        # The start of the cumulative sums an up-down counter becomes: this exporter's start,
+        # the same for every export so that a backend sees one continuing series.
+        self._start_ns = time.time_ns()
+
+    def __call__(self, data: MetricsData) -> MetricsData:
+        renamed = catalogue.SEMCONV_BY_NAME
+        resource_metrics = []
+        for rm in data.resource_metrics:
+            scopes = []
+            for sm in rm.scope_metrics:
+                if catalogue.is_own_scope(sm.scope.name) and any(
+                    m.name in renamed for m in sm.metrics
+                ):
+                    metrics = [self._renamed(m, renamed.get(m.name)) for m in sm.metrics]
+                    sm = replace(sm, metrics=metrics)
+                scopes.append(sm)
+            resource_metrics.append(replace(rm, scope_metrics=scopes))
+        return MetricsData(resource_metrics=resource_metrics)
+
+    def _renamed(self, metric: Metric, entry: catalogue.Metric | None) -> Metric:
+        semconv = entry.semconv if entry is not None else None
+        if semconv is None or not isinstance(metric.data, Gauge):
+            return metric
+        sum_start = self._start_ns if semconv.kind == "updowncounter" else None
+        points = [
+            NumberDataPoint(
+                attributes=semconv.point_attributes(point.attributes or {}),
+                start_time_unix_nano=sum_start or point.start_time_unix_nano,
+                time_unix_nano=point.time_unix_nano,
+                value=point.value / semconv.per if semconv.per != 1 else point.value,
+                exemplars=point.exemplars,
+            )
+            for point in metric.data.data_points
+        ]
+        data: Gauge | Sum = (
+            Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=False)
+            if sum_start is not None
+            else Gauge(points)
+        )
+        return Metric(
+            name=semconv.name, description=semconv.description, unit=semconv.unit, data=data
+        )
 
 
 class WatchedSpanExporter:

@@ -3,7 +3,7 @@
 Observable instruments read counters the Logger and its exporters keep anyway, so they cost
 nothing until a reader collects: steps sealed (``rate()`` is the training throughput), the last
 step, each tracker's queue depth, delivered records and records lost by reason, non-finite
-values logged.
+values logged. Names, units and descriptions: :mod:`otel_rl.catalogue`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from opentelemetry.metrics import Meter, Observation
 
+from otel_rl import catalogue
 from otel_rl.failures import LOSS_REASONS
 
 
@@ -35,14 +36,6 @@ def install_self_telemetry(
         step = last_step()
         return [] if step is None else [Observation(step)]
 
-    meter.create_observable_counter("otel_rl.steps", [counter("steps")], unit="{step}")
-    meter.create_observable_gauge("otel_rl.step", [last], unit="{step}")
-    meter.create_observable_gauge(
-        "otel_rl.exporter.queue", [per_tracker(lambda e: e.pending)], unit="{record}"
-    )
-    meter.create_observable_counter(
-        "otel_rl.exporter.delivered", [per_tracker(lambda e: e.stats["delivered"])]
-    )
     def dropped(options: Any) -> list[Observation]:
         return [
             Observation(e.stats.get(f"dropped.{reason}", 0), {"tracker": e.name, "reason": reason})
@@ -50,20 +43,15 @@ def install_self_telemetry(
             for reason in LOSS_REASONS
         ]
 
-    meter.create_observable_counter(
-        "otel_rl.exporter.dropped",
-        [dropped],
-        unit="{record}",
-        description="records lost for good, by tracker and reason (docs/reliability.md)",
-    )
-    meter.create_observable_counter("otel_rl.values.nonfinite", [counter("nonfinite")])
+    catalogue.STEPS.create(meter, [counter("steps")])
+    catalogue.STEP.create(meter, [last])
+    catalogue.EXPORTER_QUEUE.create(meter, [per_tracker(lambda e: e.pending)])
+    catalogue.EXPORTER_DELIVERED.create(meter, [per_tracker(lambda e: e.stats["delivered"])])
+    catalogue.EXPORTER_DROPPED.create(meter, [dropped])
+    catalogue.VALUES_NONFINITE.create(meter, [counter("nonfinite")])
 
 
 def install_otlp_telemetry(meter: Meter, failures: Callable[[], int]) -> None:
     """``otel_rl.otlp.export.failures``: OTLP metric exports that failed (a collector down or
     refusing), which the log reports once rather than at every export."""
-    meter.create_observable_counter(
-        "otel_rl.otlp.export.failures",
-        [lambda options: [Observation(failures())]],
-        unit="{export}",
-    )
+    catalogue.OTLP_EXPORT_FAILURES.create(meter, [lambda options: [Observation(failures())]])

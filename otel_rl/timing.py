@@ -187,11 +187,13 @@ class TimerFactory:
     def timer(self, name: str) -> Timer:
         record = self._records.get(name)
         if record is None:
-            instrument = self._keys.claim(f"timing/{name}", "timer")
-            histogram = self._meter.create_histogram(
-                instrument,
-                unit="s",
-                description=f"duration of {name}",
+            from otel_rl.catalogue import TIMING
+
+            key, description = TIMING.member(name)
+            histogram = TIMING.create(
+                self._meter,
+                name=self._keys.claim(key, "timer"),
+                description=description,
                 explicit_bucket_boundaries_advisory=TIMING_BUCKETS,
             )
             record = self._records[name] = histogram.record

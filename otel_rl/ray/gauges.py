@@ -3,18 +3,8 @@
 The callbacks run on the reading exporter's thread (the Prometheus scrape, the OTLP timer) and
 only read :attr:`RayNodeScraper.latest`, a dict the scraper swaps whole: never the network.
 
-OTel units are base units (bytes, watts), unlike the tracker rows which follow NeMo RL (GiB):
-
-=================================  =====  ===================================
-``ray.node.gpu.utilization``       %      {node, host, gpu, device[, mig]}
-``ray.node.gpu.memory.used``       By     same
-``ray.node.gpu.memory.total``      By     same
-``ray.node.gpu.power``             W      same
-``ray.node.gpu.temperature``       Cel    same
-``ray.node.memory.used``           By     {node, host}
-``ray.node.memory.total``          By     {node, host}
-``ray.node.cpu.utilization``       %      {node, host}
-=================================  =====  ===================================
+OTel units are base units (bytes, watts), unlike the tracker rows which follow NeMo RL (GiB).
+Names, units, descriptions and attributes: :mod:`otel_rl.catalogue` (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -24,44 +14,38 @@ from typing import Any
 
 from opentelemetry.metrics import Meter, Observation
 
+from otel_rl import catalogue
+from otel_rl.catalogue import Metric
 from otel_rl.ray.gpu_metrics import MIB, GpuSample, NodeSample
 from otel_rl.ray.scraper import RayNodeScraper
 
-_GPU_GAUGES: tuple[tuple[str, str, str, Callable[[GpuSample], float | None]], ...] = (
-    ("ray.node.gpu.utilization", "%", "GPU utilization", lambda g: g.utilization),
+_GPU_GAUGES: tuple[tuple[Metric, Callable[[GpuSample], float | None]], ...] = (
+    (catalogue.GPU_UTILIZATION, lambda g: g.utilization),
     (
-        "ray.node.gpu.memory.used",
-        "By",
-        "GPU memory in use",
+        catalogue.GPU_MEMORY_USED,
         lambda g: g.memory_used_mib * MIB if g.memory_used_mib is not None else None,
     ),
     (
-        "ray.node.gpu.memory.total",
-        "By",
-        "GPU memory in total",
+        catalogue.GPU_MEMORY_TOTAL,
         lambda g: g.memory_total_mib * MIB if g.memory_total_mib is not None else None,
     ),
-    ("ray.node.gpu.power", "W", "GPU power draw", lambda g: g.power_w),
-    ("ray.node.gpu.temperature", "Cel", "GPU temperature", lambda g: g.temperature_c),
+    (catalogue.GPU_POWER, lambda g: g.power_w),
+    (catalogue.GPU_TEMPERATURE, lambda g: g.temperature_c),
 )
 
-_NODE_GAUGES: tuple[tuple[str, str, str, Callable[[NodeSample], float | None]], ...] = (
-    ("ray.node.memory.used", "By", "host memory in use", lambda s: s.memory_used_bytes),
-    ("ray.node.memory.total", "By", "host memory in total", lambda s: s.memory_total_bytes),
-    ("ray.node.cpu.utilization", "%", "host CPU utilization", lambda s: s.cpu_utilization),
+_NODE_GAUGES: tuple[tuple[Metric, Callable[[NodeSample], float | None]], ...] = (
+    (catalogue.NODE_MEMORY_USED, lambda s: s.memory_used_bytes),
+    (catalogue.NODE_MEMORY_TOTAL, lambda s: s.memory_total_bytes),
+    (catalogue.NODE_CPU_UTILIZATION, lambda s: s.cpu_utilization),
 )
 
 
 def install_gpu_gauges(meter: Meter, scraper: RayNodeScraper) -> None:
     """Create the ``ray.node.*`` observable gauges on ``meter``."""
-    for name, unit, description, read in _GPU_GAUGES:
-        meter.create_observable_gauge(
-            name, callbacks=[_gpu_callback(scraper, read)], unit=unit, description=description
-        )
-    for name, unit, description, read_node in _NODE_GAUGES:
-        meter.create_observable_gauge(
-            name, callbacks=[_node_callback(scraper, read_node)], unit=unit, description=description
-        )
+    for metric, read in _GPU_GAUGES:
+        metric.create(meter, [_gpu_callback(scraper, read)])
+    for metric, read_node in _NODE_GAUGES:
+        metric.create(meter, [_node_callback(scraper, read_node)])
 
 
 def gpu_attributes(node: int, host: str, gpu: GpuSample) -> dict[str, Any]:
