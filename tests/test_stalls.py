@@ -335,7 +335,7 @@ def test_a_stall_reaches_every_tracker_with_text_as_text(monkeypatch, tmp_path):
     project = f"otel-rl-tests-{uuid.uuid4().hex[:8]}"
     cfg = {
         "log_dir": str(log_dir), "tensorboard_enabled": True,
-        "wandb_enabled": True, "wandb": {"project": project, "name": "stall"},
+        "wandb_enabled": True, "wandb": {"project": project, "name": "stall", "mode": "offline"},
         "swanlab_enabled": True, "swanlab": {"project": project, "mode": "offline"},
         "mlflow_enabled": True, "mlflow": {"experiment_name": project},
         "stalls": {"after": 1, "factor": 2},
