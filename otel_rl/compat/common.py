@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_rl.errors import ConfigError
 
-__all__ = ["exit_code_now", "plain_config"]
+if TYPE_CHECKING:
+    from otel_rl.logger import Logger
+    from otel_rl.timing import Timer
+
+__all__ = ["CoreOutputs", "exit_code_now", "plain_config"]
 
 
 def plain_config(value: Any, where: str = "config") -> Any:
@@ -36,3 +40,29 @@ def exit_code_now() -> int:
     from otel_rl.lifecycle import exit_code_now as now
 
     return now()
+
+
+class CoreOutputs:
+    """What both drop-ins expose of the core :class:`otel_rl.Logger` they wrap (``self.core``):
+    the operator outputs, the monitors and ``timer``, as the core Logger has them."""
+
+    core: Logger
+
+    @property
+    def prometheus_url(self) -> str | None:
+        """The ``/metrics`` URL this run serves (``prometheus.enabled``), else ``None``."""
+        return self.core.prometheus_url
+
+    @property
+    def otlp_endpoint(self) -> str | None:
+        """Where OTLP metrics are pushed (``otlp.enabled``), else ``None``."""
+        return self.core.otlp_endpoint
+
+    @property
+    def rollout_monitor(self) -> Any:
+        """The inference-engine monitor (``rollout_monitoring``), else ``None``."""
+        return self.core.rollout_monitor
+
+    def timer(self, name: str) -> Timer:
+        """Time a block into ``timing/<name>`` (seconds), in the row of the run's next step."""
+        return self.core.timer(name)

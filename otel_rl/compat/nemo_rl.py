@@ -33,7 +33,7 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import NotRequired
 
-from otel_rl.compat.common import exit_code_now, plain_config
+from otel_rl.compat.common import CoreOutputs, exit_code_now, plain_config
 from otel_rl.compat.live import NEMO_RL_LOGGERS
 from otel_rl.compat.message_samples import (
     SAMPLE_COLUMNS,
@@ -50,7 +50,7 @@ from otel_rl.compat.nemo_utils import (
 from otel_rl.paths import path_inside
 
 if TYPE_CHECKING:
-    from otel_rl.timing import Timer as CoreTimer
+    pass
 
 __all__ = [
     "GPUMonitoringConfig",
@@ -144,7 +144,7 @@ def active_logger() -> Logger | None:
 # ---- the Logger --------------------------------------------------------------------------------
 
 
-class Logger:
+class Logger(CoreOutputs):
     """NeMo RL's ``Logger``, delegating to one :class:`otel_rl.Logger` (``self.core``).
 
     ``cfg`` is a :class:`LoggerConfig` (any otel-rl config key is accepted as well, see
@@ -300,28 +300,6 @@ class Logger:
         self.core.finish(exit_code=code)
 
     # ---- otel-rl additions --------------------------------------------------------------------
-
-    @property
-    def prometheus_url(self) -> str | None:
-        """The ``/metrics`` URL this run serves (``prometheus.enabled``), else ``None``."""
-        url: str | None = self.core.prometheus_url
-        return url
-
-    @property
-    def otlp_endpoint(self) -> str | None:
-        """Where OTLP metrics are pushed (``otlp.enabled``), else ``None``."""
-        endpoint: str | None = self.core.otlp_endpoint
-        return endpoint
-
-    @property
-    def rollout_monitor(self) -> Any:
-        """The inference-engine monitor (``rollout_monitoring``), else ``None``."""
-        return self.core.rollout_monitor
-
-    def timer(self, name: str) -> CoreTimer:
-        """Time a block into ``timing/<name>`` (seconds), in the row of the next
-        ``log_metrics`` step (NeMo RL's :class:`Timer` is here too, for its own dict)."""
-        return self.core.timer(name)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every dump is on disk and every tracker has written what was logged."""

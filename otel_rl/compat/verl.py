@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from otel_rl.compat.common import exit_code_now, plain_config
+from otel_rl.compat.common import CoreOutputs, exit_code_now, plain_config
 from otel_rl.compat.live import VERL_TRACKINGS
 from otel_rl.compat.verl_config import (
     SUPPORTED_BACKENDS,
@@ -36,7 +36,7 @@ from otel_rl.compat.verl_timing import marked_timer, simple_timer
 from otel_rl.fork_safe_log import log as _log
 
 if TYPE_CHECKING:
-    from otel_rl.timing import Timer
+    pass
 
 __all__ = [
     "Tracking",
@@ -60,7 +60,7 @@ def active_tracking() -> Tracking | None:
     return VERL_TRACKINGS.latest()
 
 
-class Tracking:
+class Tracking(CoreOutputs):
     """verl's ``Tracking``: ``log(data, step, backend=None)`` to every configured backend.
 
     ``config`` (a dict or OmegaConf container, interpolations resolved) is logged as
@@ -120,30 +120,9 @@ class Tracking:
     # ---- what the core Logger exposes --------------------------------------------------------
 
     @property
-    def prometheus_url(self) -> str | None:
-        """The ``/metrics`` URL this run serves (``otel_rl.prometheus.enabled``), else ``None``."""
-        url: str | None = self.core.prometheus_url
-        return url
-
-    @property
-    def otlp_endpoint(self) -> str | None:
-        """Where OTLP metrics are pushed (``otel_rl.otlp.enabled``), else ``None``."""
-        endpoint: str | None = self.core.otlp_endpoint
-        return endpoint
-
-    @property
-    def rollout_monitor(self) -> Any:
-        """The inference-engine monitor (``otel_rl.rollout_monitoring``), else ``None``."""
-        return self.core.rollout_monitor
-
-    @property
     def gpu_monitor(self) -> Any:
         """The Ray GPU/node monitor (``otel_rl.monitor_gpus``), else ``None``."""
         return self.core.gpu_monitor
-
-    def timer(self, name: str) -> Timer:
-        """Time a block into ``timing/<name>`` (seconds), in the row of the next ``log()``."""
-        return self.core.timer(name)
 
     def log(
         self, data: Mapping[str, Any], step: int, backend: str | Iterable[str] | None = None
