@@ -112,15 +112,7 @@ class JsonlExporter(TrackerExporter):
     def holds_since(self, position: Any, records: int | None = None) -> bool:
         # One line per batch, written in one call; a kill may still cut that call short (the
         # torn tail is cut at open and the batch sent again whole).
-        try:
-            with self.path.open("rb") as f:
-                f.seek(int(position))
-                tail = f.read()
-        except (OSError, TypeError, ValueError):
-            return False
-        if not tail.endswith(b"\n"):
-            return False
-        return records is None or tail.count(b"\n") >= records
+        return holds_lines_since(self.path, position, records)
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         path = self.path.with_name("hyperparams.json")
@@ -167,6 +159,21 @@ class JsonlExporter(TrackerExporter):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def holds_lines_since(path: str | os.PathLike, position: Any, records: int | None) -> bool:
+    """Whether the file at ``path`` holds ``records`` whole lines after byte ``position`` (any
+    whole lines, when ``records`` is ``None``): the ``holds_since`` of a tracker that writes one
+    line per record, for ``otel-rl replay``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(int(position))
+            tail = f.read()
+    except (OSError, TypeError, ValueError):
+        return False
+    if not tail.endswith(b"\n"):
+        return False  # a write cut short: the line is cut at open and the batch sent again
+    return records is None or tail.count(b"\n") >= records
 
 
 def _cut_torn_tail(path: Path) -> None:

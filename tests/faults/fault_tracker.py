@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from otel_rl.exporters.base import TrackerExporter
+from otel_rl.exporters.jsonl import holds_lines_since
 
 from otel_rl.records import RowValue, StepBatch
 
@@ -68,15 +69,7 @@ class FaultFileTracker(TrackerExporter):
 
     def holds_since(self, position: Any, records: int | None = None) -> bool:
         # One os.write per batch, which a kill may still cut short: count the whole lines.
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(int(position))
-                tail = f.read()
-        except (OSError, TypeError, ValueError):
-            return False
-        if not tail.endswith(b"\n"):
-            return False
-        return records is None or tail.count(b"\n") >= records
+        return holds_lines_since(self.path, position, records)
 
     def close(self, exit_code: int) -> None:
         if self._fd is not None:
