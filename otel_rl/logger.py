@@ -40,7 +40,7 @@ from otel_rl.redaction import compile_patterns, flatten_params, redact, redact_n
 from otel_rl.registry import enabled_backends, exporter_class
 from otel_rl.routing import global_router
 from otel_rl.self_telemetry import install_self_telemetry
-from otel_rl.spool import SpoolBusy, spool_root
+from otel_rl.spool import SpoolBusy, holder_of, spool_root, waiting_records
 from otel_rl.steps import StepAssembler, checked_step
 from otel_rl.timing import Timer, TimerFactory
 from otel_rl.tracing import StepSpans, build_tracer_provider
@@ -456,8 +456,7 @@ class Logger:
             folder, n = f"{folder_name(tracker)}-{n}", n + 1
         self._spool_folders.add(folder)
         return {
-            # The run id names a folder of its own whatever it holds ("exp/1", "..").
-            "spool_dir": spool_root(self.log_dir) / folder / folder_name(self.run_id),
+            "spool_dir": self._spool_dir_of(spool_root(self.log_dir) / folder, tracker),
             "spool_meta": {
                 "run_id": self.run_id,
                 "log_dir": str(self.log_dir),
@@ -466,6 +465,23 @@ class Logger:
                 "config": redact_nested(self.config, extra_patterns=self._redaction),
             },
         }
+
+    def _spool_dir_of(self, tracker_root: Path, tracker: str) -> Path:
+        """The run's spool folder for one tracker. The run id names a folder of its own
+        whatever it holds ("exp/1", ".."). A run started again with the run id of one that died
+        with records waiting (for ``otel-rl replay``) spools beside them, never over them: its
+        deliveries would otherwise mark the dead run's records done."""
+        base = tracker_root / folder_name(self.run_id)
+        directory, n = base, 2
+        while (waiting := waiting_records(directory)) and holder_of(directory) is None:
+            if directory == base:
+                _log.warning(
+                    "otel-rl: %s: run_id %r already has %d record(s) waiting in %s from an "
+                    "earlier process; they stay there for `otel-rl replay %s`, and this run "
+                    "spools beside them", tracker, self.run_id, waiting, base, self.log_dir,
+                )  # fmt: skip
+            directory, n = base.with_name(f"{base.name}%restart-{n}"), n + 1
+        return directory
 
     def _convert(self, datas: Sequence[Any]) -> dict[str, Any]:
         return rows_from_metrics(datas, self._key_of)

@@ -364,6 +364,34 @@ def _placed(lines: list[Skipped], seqs: range | None, acks: Acks) -> list[Skippe
     ]
 
 
+def waiting_records(directory: Path) -> int:
+    """How many records of a spool are not marked done (0 for a folder that is no spool), read
+    from the marks and the last segment only: cheap enough for a Logger's start."""
+    if not (directory / "meta.json").exists() and not segment_paths(directory):
+        return 0
+    acks = read_acks(directory)
+    segments = segment_paths(directory)
+    last = acks.upto
+    if segments:
+        last = max(last, _first_seq(segments[-1]) - 1)
+        for seq, _, _ in read_segment(segments[-1]):
+            last = max(last, seq)
+    return sum(1 for seq in range(acks.upto + 1, last + 1) if seq not in acks.ones)
+
+
+def holder_of(directory: Path) -> str | None:
+    """Who holds the spool's lock right now, or ``None`` when nobody does."""
+    lock = SpoolLock(directory, "a check")
+    try:
+        lock.acquire()
+    except SpoolBusy as busy:
+        return busy.holder
+    except OSError:
+        return None
+    lock.release()
+    return None
+
+
 def undelivered(directory: Path) -> list[tuple[int, Any]]:
     """Every record not yet done, in sequence order."""
     return scan(directory)[0]
