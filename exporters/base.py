@@ -371,6 +371,8 @@ class TrackerExporter(MetricExporter):
         meta = {**self._spool_meta, "tracker": self.name, "resume": self.resume_config}
         if exit_code is not None:
             meta["exit_code"] = exit_code
+            # The last record written: replay tells records cut from outside from none at all.
+            meta["last_seq"] = spool.last_seq
         try:
             spool.write_meta(meta)
         except OSError as exc:

@@ -82,15 +82,24 @@ class ReplayResult:
     def lost(self) -> dict[str, int]:
         """Records this replay could not deliver and never will, by reason (docs/reliability.md):
         ``corrupt`` (unreadable spool lines), ``refused`` (the tracker refused them)."""
-        corrupt = sum(len(s.seqs) if s.seqs is not None else 1 for s in self.skipped)
-        lost = {"corrupt": corrupt, "refused": self.rejected}
+        def held(line: Skipped) -> int:
+            return len(line.seqs) if line.seqs is not None else 1
+
+        lost = {
+            "corrupt": sum(held(s) for s in self.skipped if s.kind != "missing"),
+            "spool_vanished": sum(held(s) for s in self.skipped if s.kind == "missing"),
+            "refused": self.rejected,
+        }
         return {reason: n for reason, n in lost.items() if n}
 
 
 def spooled_runs(log_dir: str | Path) -> list[Path]:
-    """Spool directories (one per tracker and run) under ``log_dir``."""
+    """Spool directories (one per tracker and run) under ``log_dir``: each with its
+    ``meta.json``, or with segments only (its metadata lost: reported, never skipped)."""
     root = spool_root(log_dir)
-    return sorted(p.parent for p in root.glob("*/*/meta.json"))
+    found = {p.parent for p in root.glob("*/*/meta.json")}
+    found |= {p.parent for p in root.glob("*/*/wal-*.jsonl")}
+    return sorted(found)
 
 
 def replay(
@@ -179,6 +188,10 @@ def run(
             line += f"; lost: {describe_losses(lost)}"
         print(line)
         for s in r.skipped:
+            if s.kind == "missing" and s.seqs:
+                print(f"  records {s.seqs[0]}..{s.seqs[-1]} are missing from {s.path}: "
+                      f"{s.reason}; lost")  # fmt: skip
+                continue
             print(f"  skipped an unreadable spool line: {s.path} at byte {s.offset}: {s.reason}"
                   f"{_held(s)}; set aside, later replays pass over it")  # fmt: skip
         if r.error:
@@ -212,8 +225,19 @@ def _replay_one(
     interrupted: list[int],
     wait: float,
 ) -> ReplayResult:
-    meta = json.loads((directory / "meta.json").read_text())
-    tracker, run_id = meta["tracker"], str(meta.get("run_id", directory.name))
+    tracker, run_id = directory.parent.name, directory.name
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        tracker, run_id = meta["tracker"], str(meta.get("run_id", directory.name))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # Without its metadata the tracker cannot be rebuilt: say so, with what waits there.
+        problem = "is missing" if isinstance(exc, FileNotFoundError) else f"is unreadable ({exc})"
+        waiting = len(scan(directory)[0])
+        return ReplayResult(tracker, run_id, waiting, 0, error=(
+            f"{directory / 'meta.json'} {problem}: the tracker's settings are not known, so "
+            f"its {waiting} waiting record(s) cannot be delivered; restore the file (each "
+            "spool folder of the run holds the same config) and run replay again"
+        ))  # fmt: skip
     lock = SpoolLock(directory, "otel-rl replay")
     try:
         lock.acquire(wait)
@@ -255,7 +279,7 @@ def _deliver_spool(
     interrupted: list[int],
 ) -> ReplayResult:
     tracker, run_id = meta["tracker"], str(meta.get("run_id", directory.name))
-    records, skipped, sealed = scan(directory)
+    records, skipped, sealed = scan(directory, int(meta.get("last_seq") or 0))
     done_already, sendable = _resolve_checkpoints(records, sealed)
     cfg = resolve_config(_merge(meta.get("config") or {}, meta.get("resume") or {}))
     # Rows written by replay name the run they belong to, as the live run's rows do.

@@ -192,6 +192,9 @@ class Skipped:
     #: The sequence numbers the line held, when the readable lines around it tell (``None``: at
     #: the end of the log, where nothing follows to tell).
     seqs: range | None = None
+    #: ``"unreadable"``: a line that cannot be decoded; ``"missing"``: records the numbering
+    #: says were written but no segment holds (``path`` is the spool, ``offset`` -1).
+    kind: str = "unreadable"
 
 
 @dataclass(frozen=True)
@@ -214,9 +217,11 @@ class Acks:
     attempt: Attempt | None = None
     #: Unreadable lines an earlier replay reported and set aside: ``(segment name, offset)``.
     set_aside: set[tuple[str, int]] = field(default_factory=set)
+    #: Ranges of missing records an earlier replay reported: lost, not waiting.
+    gone: list[range] = field(default_factory=list)
 
     def done(self, seq: int) -> bool:
-        return seq <= self.upto or seq in self.ones
+        return seq <= self.upto or seq in self.ones or any(seq in r for r in self.gone)
 
 
 def segment_paths(directory: Path) -> list[Path]:
@@ -287,6 +292,11 @@ def read_acks(directory: Path) -> Acks:
             if offset.isdigit():
                 acks.set_aside.add((segment, int(offset)))
             continue
+        if kind == "gone":
+            first, _, last = number.partition(" ")
+            if first.isdigit() and last.isdigit():
+                acks.gone.append(range(int(first), int(last) + 1))
+            continue
         if not number.isdigit():
             continue  # a torn line from a crash
         if kind == "upto":
@@ -320,22 +330,32 @@ def attempt_line(first: int, last: int, records: int, position: Any) -> str:
     return f"tried {first} {last} {records} {text}\n"
 
 
-def scan(directory: Path) -> tuple[list[tuple[int, Any]], list[Skipped], set[int]]:
-    """Every record not yet done (in sequence order), the unreadable lines that may hold records
-    not yet done, and the ``seal`` numbers of every sealed step batch in the spool (done or not).
+def scan(
+    directory: Path, known_end: int = 0
+) -> tuple[list[tuple[int, Any]], list[Skipped], set[int]]:
+    """Every record not yet done (in sequence order), the unreadable lines and missing records
+    that may hold records not yet done, and the ``seal`` numbers of every sealed step batch in
+    the spool (done or not).
 
     The readable lines around an unreadable one tell which sequence numbers it held (numbers
     grow by one per line); an unreadable line whose records are all done already is passed over:
-    the tracker has them.
+    the tracker has them. Numbers that no segment holds (a segment deleted or cut from outside)
+    are reported as missing, up to ``known_end`` (the last number the run wrote, when its
+    metadata says) or the last one marked or attempted.
     """
     acks = read_acks(directory)
     records: list[tuple[int, Any]] = []
     skipped: list[Skipped] = []
     sealed: set[int] = set()
     segments = segment_paths(directory)
+    expected: int | None = None  # the number the next record carries
+    end = max(known_end, acks.upto, acks.attempt.last if acks.attempt else 0)
     for index, path in enumerate(segments):
         last = index == len(segments) - 1
-        previous = _first_seq(path) - 1
+        first = _first_seq(path)
+        if expected is not None and first > expected:
+            skipped += _missing(directory, range(expected, first), acks)
+        previous = first - 1
         here: list[Skipped] = []
         for seq, record, _ in read_segment(path, skipped=here, final=True):
             if here:  # the generator appends to this very list: empty it in place
@@ -346,10 +366,26 @@ def scan(directory: Path) -> tuple[list[tuple[int, Any]], list[Skipped], set[int
                 sealed.add(record.seal)
             if not acks.done(seq):
                 records.append((seq, record))
-        if here:  # at the end of a segment: the next segment's first number bounds it
-            following = None if last else range(previous + 1, _first_seq(segments[index + 1]))
+        expected = previous + 1
+        if here:  # at the end of a segment: the next number known bounds it
+            bound = _first_seq(segments[index + 1]) if not last else end + 1
+            following = range(previous + 1, bound) if bound > previous + 1 or not last else None
             skipped.extend(_placed(here, following, acks))
+            expected = max(expected, bound)
+    if expected is None:
+        expected = acks.upto + 1
+    if end >= expected:
+        skipped += _missing(directory, range(expected, end + 1), acks)
     return records, skipped, sealed
+
+
+def _missing(directory: Path, seqs: range, acks: Acks) -> list[Skipped]:
+    waiting = [seq for seq in seqs if not acks.done(seq)]
+    if not waiting:
+        return []
+    span = range(waiting[0], waiting[-1] + 1)
+    reason = "no segment holds them: a segment was deleted or cut from outside"
+    return [Skipped(directory, -1, reason, span, kind="missing")]
 
 
 def _placed(lines: list[Skipped], seqs: range | None, acks: Acks) -> list[Skipped]:
@@ -423,9 +459,15 @@ class DoneMarks:
             self._file.flush()
 
     def set_aside(self, lines: list[Skipped]) -> None:
-        """Unreadable lines reported once: later replays pass over them (and exit 0)."""
-        if lines:
-            self._file.write("".join(f"bad {s.path.name} {s.offset}\n" for s in lines))
+        """Unreadable lines and missing records reported once: later replays pass over them
+        (and exit 0)."""
+        marks = [
+            f"gone {s.seqs[0]} {s.seqs[-1]}\n" if s.kind == "missing" and s.seqs
+            else f"bad {s.path.name} {s.offset}\n"
+            for s in lines
+        ]  # fmt: skip
+        if marks:
+            self._file.write("".join(marks))
             self._file.flush()
 
     def close(self) -> None:

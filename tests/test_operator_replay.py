@@ -467,3 +467,71 @@ def test_a_run_restarted_with_the_same_run_id_never_takes_the_dead_runs_waiting_
     assert sorted(steps) == list(range(50)) + list(range(100, 105))  # each once
     assert {r["run_id"] for r in jsonl_rows(log_dir / "metrics.jsonl")} == {"job-7"}
     assert _replay_cli(log_dir).stdout.count("0/0 record(s) delivered") >= 2  # nothing left
+
+
+def _spool_of(log_dir: Path, steps: int) -> Path:
+    """A JSONL spool of ``steps`` records, as a run that ended leaves it (meta with last_seq)."""
+    from otel_rl.records import StepBatch
+    from otel_rl.spool import Spool
+
+    directory = spool_root(log_dir) / "jsonl" / "run1"
+    spool = Spool(directory)
+    for start in range(0, steps, 1000):  # as a run appends: segments rotate between writes
+        batch = range(start, min(steps, start + 1000))
+        spool.append([StepBatch(step=s, values={"x": float(s)}, seal=s) for s in batch])
+    spool.close()
+    spool.write_meta({"tracker": "jsonl", "run_id": "run1", "log_dir": str(log_dir),
+                      "config": {"log_dir": str(log_dir)}, "exit_code": 0,
+                      "last_seq": spool.last_seq})  # fmt: skip
+    return directory
+
+
+@pytest.mark.parametrize("damage", ["middle segment deleted", "last segment deleted",
+                                    "last segment emptied", "last segment cut mid-line"])
+def test_records_cut_from_the_spool_from_outside_are_named_and_counted(tmp_path, damage):
+    log_dir = tmp_path / "logs"
+    directory = _spool_of(log_dir, 45_000)  # three segments: 1.., 20001.., 40001..
+    segments = sorted(directory.glob("wal-*.jsonl"))
+    assert [p.name for p in segments] == [
+        "wal-000000000001.jsonl", "wal-000000020001.jsonl", "wal-000000040001.jsonl",
+    ]  # fmt: skip
+    if damage == "middle segment deleted":
+        segments[1].unlink()
+        gone = range(20_000, 40_000)  # steps (seq - 1)
+    elif damage == "last segment deleted":
+        segments[2].unlink()
+        gone = range(40_000, 45_000)
+    elif damage == "last segment emptied":
+        segments[2].write_bytes(b"")
+        gone = range(40_000, 45_000)
+    else:
+        data = segments[2].read_bytes()
+        cut = data.index(b"\n", len(data) // 2) - 7  # inside a line
+        segments[2].write_bytes(data[:cut])
+        gone = range(40_000 + data[:cut].count(b"\n"), 45_000)
+    out = _replay_cli(log_dir)
+    assert out.returncode == 1, out.stdout + out.stderr
+    delivered = 45_000 - len(gone)
+    assert f"{delivered}/{delivered} record(s) delivered" in out.stdout
+    if damage == "last segment cut mid-line":  # the torn line and what followed it
+        assert f"lost: {len(gone)} in spool lines that could not be read back" in out.stdout
+    else:
+        assert f"lost: {len(gone)} deleted or cut from the spool from outside" in out.stdout
+        assert f"records {gone[0] + 1}..{gone[-1] + 1} are missing from {directory}" in out.stdout
+    steps = [r["step"] for r in jsonl_rows(log_dir / "metrics.jsonl")]
+    assert steps == [s for s in range(45_000) if s not in gone]
+    again = _replay_cli(log_dir)  # reported once: the next replay has nothing to say
+    assert again.returncode == 0 and "lost" not in again.stdout, again.stdout
+
+
+def test_a_spool_without_its_metadata_is_reported_with_what_waits_there(tmp_path):
+    log_dir = tmp_path / "logs"
+    directory = _spool_of(log_dir, 50)
+    (directory / "meta.json").unlink()
+    out = _replay_cli(log_dir)
+    assert out.returncode == 1
+    assert f"{directory / 'meta.json'} is missing" in out.stderr
+    assert "its 50 waiting record(s) cannot be delivered" in out.stderr
+    (directory / "meta.json").write_text("{not json")
+    out = _replay_cli(log_dir)
+    assert out.returncode == 1 and "is unreadable" in out.stderr and "50 waiting" in out.stderr
