@@ -5,6 +5,7 @@ longer inside the timed block; and the one warning for a rank that keeps being t
 from __future__ import annotations
 
 import datetime
+import math
 import pickle
 import statistics
 import time
@@ -64,6 +65,12 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
         out["reduced"] = reduce_across_ranks(
             {"timing/generation": out["mine"], "loss": float(rank)}, {"timing/*": "max"}
         )
+        # NaN on one rank, in turn on each: max and min are NaN whichever rank holds it
+        out["nan"] = [
+            reduce_across_ranks({"g": math.nan if rank == k else 0.01 * (rank + 1)},
+                                {"g": ["max", "min"]})
+            for k in range(WORLD)
+        ]
     except Exception:
         out["error"] = traceback.format_exc()
     finally:
@@ -88,6 +95,7 @@ def test_four_gloo_ranks_agree_on_the_slowest_rank_and_its_skew(tmp_path):
             max(mine) / statistics.median(mine)
         )
         assert "loss/slowest_rank" not in reduced  # not a timing
+        assert all(math.isnan(r["g"]) and math.isnan(r["g/min"]) for r in result["nan"])
 
 
 def test_a_rank_slowest_in_most_of_the_window_is_named_once(log_dir, otel_rl_warnings):

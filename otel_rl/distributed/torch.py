@@ -149,15 +149,19 @@ def _union(gathered: list[Any]) -> tuple[list[tuple[str, Spec]], dict[str, int]]
 def _max_vector(
     signature: list[tuple[str, Spec]], local: Mapping[str, tuple[Spec, float, float]]
 ) -> list[float]:
-    """One slot per (key, max|min); a rank without the key sends -inf (the MAX identity)."""
+    """Two slots per (key, max|min): the value (negated for min; a rank without the key, or with
+    NaN, sends -inf, the MAX identity) and a NaN flag, so that a NaN on any rank gives NaN
+    whatever its rank (MAX itself is not NaN-aware: the result would depend on the order)."""
     out: list[float] = []
     for key, spec in signature:
         held = local.get(key)
+        value = held[1] if held else -math.inf
+        nan = value != value
         for name in spec:
             if name == "max":
-                out.append(held[1] if held else -math.inf)
+                out += [-math.inf if nan else value, 1.0 if nan else 0.0]
             elif name == "min":
-                out.append(-held[1] if held else -math.inf)
+                out += [-math.inf if nan or not held else -value, 1.0 if nan else 0.0]
     return out
 
 
@@ -192,11 +196,11 @@ def _results(
         for position, name in enumerate(spec):
             target = key if position == 0 else f"{key}/{name}"
             if name == "max":
-                out[target] = maxima[i]
-                i += 1
+                out[target] = math.nan if maxima[i + 1] > 0 else maxima[i]
+                i += 2
             elif name == "min":
-                out[target] = -maxima[i]
-                i += 1
+                out[target] = math.nan if maxima[i + 1] > 0 else -maxima[i]
+                i += 2
             elif name == "mean":
                 total, weight = sums[j], sums[j + 1]
                 out[target] = total / weight if weight > 0 else math.nan
