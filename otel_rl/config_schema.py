@@ -85,7 +85,11 @@ def _none_is_empty_mapping(value: Any) -> Any:
 
 
 Path_ = Annotated[Any, AfterValidator(_path)]
-Seconds = Annotated[float, Field(gt=0)]
+#: The longest duration a setting may have: ~116 days. Python's waits overflow beyond ~292 years
+#: (``threading.TIMEOUT_MAX``) and deadlines built from them beyond the clock's range; "forever"
+#: is better said with a large finite number than crash a thread at the first wait.
+MAX_SECONDS = 1e7
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 StrList = Annotated[list[str], BeforeValidator(_listify)]
 EndpointList = Annotated[list[Annotated[str, AfterValidator(_endpoint)]], BeforeValidator(_listify)]
 RegexList = Annotated[list[Annotated[str, AfterValidator(_regex)]], BeforeValidator(_listify)]
@@ -266,7 +270,7 @@ class ExportSection(Section):
         "what a full queue does ([reliability.md](reliability.md#backpressure-exporton_full))",
     )
     shutdown_timeout: float = _field(
-        30.0, "how long `finish()` drains trackers", shown_type="seconds", ge=0
+        30.0, "how long `finish()` drains trackers", shown_type="seconds", ge=0, le=MAX_SECONDS
     )
     retry_max_backoff: Seconds = _field(
         10.0, "ceiling of the exponential retry backoff", shown_type="seconds"

@@ -45,6 +45,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from otel_rl import catalogue
+from otel_rl.config_schema import MAX_SECONDS
 from otel_rl.errors import MAX_SHOWN_REASON, ConfigError, shorten
 from otel_rl.fork_safe_log import log as _log
 
@@ -319,6 +320,8 @@ def _positive(value: Any, what: str) -> float:
         raise ConfigError(f"{what} must be a positive finite number, got {value!r}") from exc
     if not (math.isfinite(number) and number > 0):
         raise ConfigError(f"{what} must be a positive finite number, got {value!r}")
+    if number > MAX_SECONDS:
+        raise ConfigError(f"{what} must be at most {MAX_SECONDS:g} seconds, got {value!r}")
     return number
 
 

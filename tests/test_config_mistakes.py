@@ -310,3 +310,35 @@ def test_a_failed_logger_leaves_no_tracker_running(tmp_path, busy_port):
     with pytest.raises(ConfigError, match="already in use"):
         Logger({"log_dir": str(tmp_path), "prometheus": {"enabled": True, "port": busy_port}})
     assert _threads() - before == set()
+
+
+def _is_duration(path: tuple[str, ...]) -> bool:
+    last = path[-1]
+    return any(word in last for word in ("interval", "timeout", "after")) or last == "timeout"
+
+
+DURATIONS = [path for path, kind in NUMERIC_KEYS if kind is float and _is_duration(path)]
+
+
+def test_the_durations_are_found():
+    names = {".".join(p) for p in DURATIONS}
+    assert {"export.fsync_interval", "export.shutdown_timeout", "otlp.interval",
+            "stalls.after", "gpu_monitoring.collection_interval"} <= names  # fmt: skip
+
+
+@pytest.mark.parametrize("path", DURATIONS, ids=lambda p: ".".join(p))
+def test_a_duration_beyond_what_a_wait_can_hold_is_refused(path):
+    """``1e10`` s (a "forever" written as a number) overflows Python's waits: refused at
+    Logger() with the key named, instead of killing the spool thread or hanging finish()."""
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(_nested(path, 1e10))
+    assert ".".join(path) in str(refused.value) and "<= 10000000" in str(refused.value)
+    resolve_config(_nested(path, 1e6))  # long but finite: fine
+
+
+def test_an_otlp_environment_duration_beyond_a_wait_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "1e13")  # milliseconds
+    with pytest.raises(ConfigError, match="at most"):
+        resolve_otlp({"enabled": True, "endpoint": None, "protocol": None, "interval": None,
+                      "timeout": None, "headers": {}, "insecure": None, "histogram": None,
+                      "semantic_conventions": False})  # fmt: skip
