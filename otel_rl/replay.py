@@ -240,7 +240,7 @@ def _replay_one(
         ))  # fmt: skip
     lock = SpoolLock(directory, "otel-rl replay")
     try:
-        lock.acquire(wait)
+        lock.acquire(wait, stop=lambda: bool(interrupted))  # Ctrl-C ends the wait too
     except SpoolBusy as busy:
         return ReplayResult(tracker, run_id, 0, 0, busy=busy.holder)
     except OSError as exc:

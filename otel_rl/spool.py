@@ -23,7 +23,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,8 +94,9 @@ class SpoolLock:
         self.what = what
         self._file: Any = None
 
-    def acquire(self, wait: float = 0.0) -> None:
-        """Take the lock, waiting up to ``wait`` seconds; :class:`SpoolBusy` names the holder.
+    def acquire(self, wait: float = 0.0, stop: Callable[[], bool] | None = None) -> None:
+        """Take the lock, waiting up to ``wait`` seconds (less if ``stop()`` turns true: a
+        signal); :class:`SpoolBusy` names the holder.
 
         ``OSError`` (a read-only folder, another owner) propagates: the caller says how to fix it.
         """
@@ -109,7 +110,7 @@ class SpoolLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or (stop is not None and stop()):
                     holder = self.holder()
                     f.close()
                     raise SpoolBusy(self.path.parent, holder) from None

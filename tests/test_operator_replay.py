@@ -535,3 +535,27 @@ def test_a_spool_without_its_metadata_is_reported_with_what_waits_there(tmp_path
     (directory / "meta.json").write_text("{not json")
     out = _replay_cli(log_dir)
     assert out.returncode == 1 and "is unreadable" in out.stderr and "50 waiting" in out.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_replay_waiting_for_a_spool_stops_at_once_on_a_signal(tmp_path, sig):
+    log_dir = tmp_path / "logs"
+    (log_dir / "metrics.jsonl").mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.Popen([sys.executable, "-c", LIVE_RUN, str(log_dir)], env=env,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert run.stdout.readline().strip() == "logged"
+        waiting = subprocess.Popen([*REPLAY, str(log_dir), "--no-progress", "--wait", "120"],
+                                   cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)  # fmt: skip
+        time.sleep(2.0)  # well inside its wait
+        assert waiting.poll() is None
+        sent = time.monotonic()
+        waiting.send_signal(sig)
+        _, err = waiting.communicate(timeout=30)
+        assert time.monotonic() - sent < 3.0, "the wait ignored the signal"
+        assert waiting.returncode == 128 + sig, err
+        assert "Traceback" not in err
+    finally:
+        run.communicate("\n", timeout=60)
