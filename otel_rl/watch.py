@@ -118,9 +118,13 @@ class RunWatch:
                 skew = values.get(key[: -len("slowest_rank")] + "skew")
                 self.stragglers.observe(step, key, rank, skew if type(skew) is float else None)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop watching: a stall's end still pending is told first (to the trackers, which
+        are still open), then OTLP's log records are sent within ``timeout``."""
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self._log_records is not None:
+            self._log_records.shutdown(timeout)
 
     # ---- what Prometheus and OTLP read ---------------------------------------------------------
 
@@ -255,15 +259,23 @@ class OtlpLogRecords:
 
             record = logs.LogRecord(**fields, resource=self._resource)  # type: ignore[attr-defined]
             self._logger.emit(record)
-        self._provider.force_flush(int(self._settings.timeout_s * 1000))
 
-    def shutdown(self) -> None:
-        if self._provider is not None:
-            self._provider.shutdown()
+    def shutdown(self, timeout: float) -> None:
+        """Send what is queued, giving up after ``timeout`` seconds (a collector that is down
+        must not hold the run's end)."""
+        provider = self._provider
+        if provider is None:
+            return
+        import threading
+
+        closing = threading.Thread(target=provider.shutdown, name="otel-rl-log-records",
+                                   daemon=True)  # fmt: skip
+        closing.start()
+        closing.join(timeout)
 
     def _build(self) -> Any:
         from opentelemetry.sdk._logs import LoggerProvider
-        from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
         settings = self._settings
         exporter: Any
@@ -287,7 +299,10 @@ class OtlpLogRecords:
         from otel_rl.otlp import WatchedLogExporter
 
         self._provider = LoggerProvider(resource=self._resource, shutdown_on_exit=False)
-        # A collector that is down costs the one warning the metrics path gives, not a line each.
+        # A collector that is down costs the one warning the metrics path gives, not a line each;
+        # and the export runs on the processor's thread, never holding up the watchdog's.
         watched: Any = WatchedLogExporter(exporter)
-        self._provider.add_log_record_processor(SimpleLogRecordProcessor(watched))
+        self._provider.add_log_record_processor(
+            BatchLogRecordProcessor(watched, schedule_delay_millis=200)
+        )
         return self._provider.get_logger("otel_rl")
