@@ -52,6 +52,15 @@ class JsonlExporter(TrackerExporter):
         path = cfg["jsonl"].get("path") or Path(cfg["log_dir"]) / "metrics.jsonl"
         return cls(path, run_id=cfg.get("run_id"), **kwargs)
 
+    def beside(self, name: str) -> Path:
+        """Where the run's ``name`` (hyperparameters, tables, events, plots) is kept: beside
+        ``metrics.jsonl`` as ``name``; beside any other file as ``<its stem>.<name>``, so that
+        runs sharing a folder (verl's ``file`` backend: ``<project>/<experiment>.jsonl``) never
+        write into each other's."""
+        if self.path.name == "metrics.jsonl":
+            return self.path.with_name(name)
+        return self.path.with_name(f"{self.path.stem}.{name}")
+
     def format_line(self, batch: StepBatch) -> bytes | None:
         """One JSON line for ``batch`` (``None`` skips it); subclasses change the layout."""
         return _line(batch, self.run_id).encode("utf-8")
@@ -115,7 +124,7 @@ class JsonlExporter(TrackerExporter):
         return holds_lines_since(self.path, position, records)
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
-        path = self.path.with_name("hyperparams.json")
+        path = self.beside("hyperparams.json")
         merged: dict[str, Any] = {}
         if path.exists():
             try:
@@ -131,7 +140,7 @@ class JsonlExporter(TrackerExporter):
         # One file per step: <dir of metrics.jsonl>/plots/<name>/step_<N>.png, the name made
         # safe so that "../x" or "/etc/x" stays inside plots/.
         try:
-            folder = path_inside(self.path.parent / "plots", name)
+            folder = path_inside(self.beside("plots"), name)
         except ValueError as exc:
             raise RowRejected(f"plot {name!r:.80}: {exc}") from None
         path = folder / f"step_{step}.png"
@@ -141,14 +150,14 @@ class JsonlExporter(TrackerExporter):
     def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         record = {"step": step, "table": name, "columns": list(columns),
                   "rows": [[_jsonable(c) for c in row] for row in rows]}
-        with self.path.with_name("tables.jsonl").open("a", encoding="utf-8") as f:
+        with self.beside("tables.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def write_event(self, event: Event) -> None:
         record = {"step": event.step, "time": round(time.time(), 6), "run_id": self.run_id,
                   "event": event.name, "level": event.level, "title": event.title,
                   "text": event.text}  # fmt: skip
-        with self.path.with_name("events.jsonl").open("a", encoding="utf-8") as f:
+        with self.beside("events.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def flush_backend(self) -> None:

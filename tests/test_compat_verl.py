@@ -199,3 +199,19 @@ def test_every_tracker_from_env_vars_with_validation_generations(workdir, monkey
     assert "| What is 2+2? | 4 | 2.0 |" in swan.media_file("text", filename).read_text()
     assert swan.finish_state == "RUN_STATE_CRASHED"
     assert swan.config["FRAMEWORK"] == "verl"
+
+
+def test_two_experiments_of_one_project_keep_their_own_files(workdir, monkeypatch):
+    """verl's ``file`` backend puts every experiment of a project in one folder: each keeps its
+    own hyperparameters (and tables, events, plots) beside its own JSONL, never the other's."""
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(workdir / "files"))
+    for name, lr in (("e1", 1e-6), ("e2", 5e-5)):
+        with Tracking(project_name="p", experiment_name=name, default_backend=["file"],
+                      config={"actor": {"lr": lr}}) as tracking:  # fmt: skip
+            tracking.log({"loss": lr}, step=0)
+    folder = workdir / "files" / "p"
+    for name, lr in (("e1", 1e-6), ("e2", 5e-5)):
+        params = json.loads((folder / f"{name}.hyperparams.json").read_text())
+        assert params["actor.lr"] == lr
+        assert [r["data"]["loss"] for r in jsonl_rows(folder / f"{name}.jsonl")] == [lr]
+    assert not (folder / "hyperparams.json").exists()
