@@ -302,7 +302,10 @@ class TrackerExporter(MetricExporter):
             )
             if error is not None:
                 text += f"; last error: {error.describe()}"
-            text += "; lower export.shutdown_timeout to wait less at exit)."
+            text += (
+                "; lower export.shutdown_timeout to wait less at exit)." if timeout > 0 else
+                ": finish() does not wait, so records in flight are counted here too)."
+            )  # fmt: skip
         if self.spool_dir is not None:
             log_dir = self._spool_meta.get("log_dir", "<log_dir>")
             text += (
