@@ -46,6 +46,7 @@ from otel_rl.spool import (
     read_acks,
     scan,
     spool_root,
+    waiting_records,
     write_meta,
 )
 
@@ -163,10 +164,22 @@ def run(
     """The command: replay, print one line per tracker and run, return the exit code."""
     import sys
 
-    if not Path(log_dir).is_dir():
-        print(f"otel-rl replay: {log_dir} is not a directory", file=sys.stderr)
+    if not str(log_dir) or not Path(log_dir).is_dir():
+        print(f"otel-rl replay: {str(log_dir)!r} is not a directory", file=sys.stderr)
         return 2
     if not spooled_runs(log_dir):
+        counts = {
+            run.parent: sum(waiting_records(d) for d in spooled_runs(run.parent))
+            for run in _runs_below(Path(log_dir))
+        }
+        below = sorted(folder for folder, n in counts.items() if n)
+        waiting = sum(counts.values())
+        if waiting:  # the parent of the runs' folders (logs/demo for logs/demo/exp_001, ...)
+            runs = ", ".join(str(p) for p in below[:5]) + (", ..." if len(below) > 5 else "")
+            print(f"otel-rl replay: nothing spooled under {log_dir} itself, but {waiting} "
+                  f"record(s) wait below it, in {runs}: replay each of those",
+                  file=sys.stderr)  # fmt: skip
+            return 1
         print(f"otel-rl replay: nothing spooled under {log_dir}", file=sys.stderr)
         return 0
     interrupted = 0
@@ -250,6 +263,11 @@ def _replay_one(
         return _deliver_spool(directory, log_dir, meta, progress, timeout, interrupted)
     finally:
         lock.release()
+
+
+def _runs_below(folder: Path) -> list[Path]:
+    """The ``.otel-rl`` folders of runs one or two levels below ``folder``."""
+    return [*folder.glob("*/.otel-rl"), *folder.glob("*/*/.otel-rl")]
 
 
 def _unwritable(directory: Path, exc: OSError) -> str:

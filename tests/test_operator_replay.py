@@ -559,3 +559,18 @@ def test_a_replay_waiting_for_a_spool_stops_at_once_on_a_signal(tmp_path, sig):
         assert "Traceback" not in err
     finally:
         run.communicate("\n", timeout=60)
+
+
+def test_replay_of_the_folder_above_the_runs_points_at_the_runs_with_records(tmp_path):
+    """``otel-rl replay logs/demo`` after the demo printed ``logs/demo/exp_002``: the runs
+    below with records waiting are named, and the exit says something is left."""
+    demo = tmp_path / "demo"
+    (demo / "exp_001").mkdir(parents=True)
+    Logger({"log_dir": str(demo / "exp_001")}).finish()  # delivered: nothing waits
+    _run_with_trackers_down(demo / "exp_002", steps=5)
+    out = _replay_cli(demo)
+    assert out.returncode == 1
+    assert "10 record(s) wait below it" in out.stderr and str(demo / "exp_002") in out.stderr
+    assert str(demo / "exp_001") not in out.stderr
+    empty = subprocess.run([*REPLAY, ""], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert empty.returncode == 2 and "is not a directory" in empty.stderr
