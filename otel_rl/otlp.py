@@ -341,6 +341,9 @@ class _Collector:
 
     failing: weakref.WeakSet[ExportWatch] = field(default_factory=weakref.WeakSet)
     missed: int = 0  # exports failed since the warning
+    # Told to be down and not seen back since: an exporter shut down while failing (the metrics
+    # at finish()) leaves it down, so that the spans failing after it add no second warning.
+    down: bool = False
 
 
 _collectors: dict[str, _Collector] = {}
@@ -371,8 +374,9 @@ class ExportWatch:
         with _state_lock:
             self.failures += 1
             collector = self._collector
-            first = not self._failing and not collector.failing
+            first = not self._failing and not collector.failing and not collector.down
             self._failing = True
+            collector.down = True
             collector.failing.add(self)
             collector.missed = 1 if first else collector.missed + 1
         if first:
@@ -389,11 +393,15 @@ class ExportWatch:
     def succeeded(self) -> None:
         with _state_lock:
             if not self._failing:
+                if not self._collector.failing:  # it answers: whoever said it was down is done
+                    self._collector.down = False
                 return
             self._failing = False
             collector = self._collector
             collector.failing.discard(self)
             back = not collector.failing
+            if back:
+                collector.down = False
             missed = collector.missed
         if back:
             _log.warning(

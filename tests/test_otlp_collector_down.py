@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.request
@@ -266,3 +267,27 @@ def test_the_applications_own_otlp_exporter_keeps_its_sdk_lines(tmp_path):
     assert len(about_ours) == 1 and re.fullmatch(_warning_pattern(endpoint), about_ours[0])
     # the SDK still speaks for the application's exporter, on the same logger
     assert [x for x in lines if x.startswith("Transient error") and f"port={theirs}" in x]
+
+
+@pytest.mark.slow
+def test_spans_failing_after_the_metrics_shut_down_add_no_warning(tmp_path):
+    """With tracing, the spans are sent at finish(), after the metric exporters shut down while
+    failing: the collector is still the one already said to be down."""
+    script = textwrap.dedent(f"""
+        import time
+        from otel_rl import Logger
+        logger = Logger({{"log_dir": {str(tmp_path)!r}, "tracing": {{"enabled": True}},
+                         "otlp": {{"enabled": True, "endpoint": "http://127.0.0.1:{closed_port()}",
+                                  "interval": 1, "timeout": 1}}}})
+        for step in range(3):
+            with logger.timer("gen"):
+                time.sleep(0.3)
+            logger.log_metrics({{"x": 1.0}}, step=step)
+        time.sleep(2)
+        logger.finish()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "OTLP export of metrics" in lines[0], lines
