@@ -124,7 +124,33 @@ def _config_loader() -> Any:
     loader.add_implicit_resolver(
         "tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+0123456789.")
     )
+    loader.add_constructor("tag:yaml.org,2002:map", _mapping_without_repeats)
     return loader
+
+
+def _mapping_without_repeats(loader: Any, node: Any) -> dict[Any, Any]:
+    """A mapping in which a key given twice is an error (YAML says keys are unique; PyYAML
+    would keep the last one and drop the first without a word: two ``stalls:`` sections lose
+    one)."""
+    import yaml
+
+    seen: dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *defaults`: its keys may be overridden, as YAML allows
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in seen:
+                first = seen[key].start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice (first at line "
+                    f"{first.line + 1}); the second would silently replace the first",
+                    key_node.start_mark,
+                )  # fmt: skip
+            seen[key] = key_node
+        except TypeError:
+            continue  # an unhashable key: the mapping's own constructor says so
+    return loader.construct_mapping(node, deep=True)  # type: ignore[no-any-return]
 
 
 def resolve_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:

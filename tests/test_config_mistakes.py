@@ -342,3 +342,22 @@ def test_an_otlp_environment_duration_beyond_a_wait_is_refused(monkeypatch, tmp_
         resolve_otlp({"enabled": True, "endpoint": None, "protocol": None, "interval": None,
                       "timeout": None, "headers": {}, "insecure": None, "histogram": None,
                       "semantic_conventions": False})  # fmt: skip
+
+
+def test_a_key_given_twice_is_a_config_error_not_a_silent_loss(tmp_path):
+    config = tmp_path / "logger.yaml"
+    config.write_text("stalls:\n  after: 5\nlog_dir: x\nstalls:\n  factor: 3\n")
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(str(config))
+    assert "line 4, column 1" in str(refused.value)
+    assert "the key 'stalls' is given twice (first at line 1)" in str(refused.value)
+    # a YAML merge (<<) overridden by the mapping's own key is not a repeat
+    config.write_text("defaults: &d {after: 5}\nstalls:\n  <<: *d\n  after: 7\n")
+    assert load_config_file(config)["stalls"] == {"after": 7}
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    from otel_rl.config import load_config
+
+    loaded: dict[str, Any] = load_config(str(path))
+    return loaded
