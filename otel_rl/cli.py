@@ -155,12 +155,13 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from otel_rl.demo import run_demo
     from otel_rl.lifecycle import signal_of
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     started: list[Path] = []
     try:
+        from otel_rl.demo import run_demo  # inside: Ctrl-C while it imports is one line too
+
         summary = run_demo(
             steps=args.steps,
             log_dir=args.log_dir,

@@ -134,7 +134,8 @@ class Pipeline:
         registry = CollectorRegistry(auto_describe=False)
         host, port = str(prom["host"]), int(prom["port"])
         try:
-            server, _thread = start_http_server(port, addr=host, registry=registry)
+            server, thread = start_http_server(port, addr=host, registry=registry)
+            thread.name = "otel-rl-prometheus"  # ours, in a stall report's list of threads
         except OSError as exc:
             raise ConfigError(_listen_problem(host, port, exc)) from None
         bound = server.server_address[1]

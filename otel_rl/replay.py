@@ -165,7 +165,7 @@ def run(
     import sys
 
     if not str(log_dir) or not Path(log_dir).is_dir():
-        print(f"otel-rl replay: {str(log_dir)!r} is not a directory", file=sys.stderr)
+        print(f"otel-rl replay: {str(log_dir) or repr('')} is not a directory", file=sys.stderr)
         return 2
     if not spooled_runs(log_dir):
         counts = {
@@ -192,10 +192,11 @@ def run(
     for r in results:
         if r.busy is not None:
             busy = True
-            print(f"{r.tracker:<12} run {r.run_id}: skipped, the spool is in use by {r.busy}; "
-                  "run replay again once it has ended (or pass --wait SECONDS)")  # fmt: skip
+            print(f"{r.tracker:<12} run {_shown(r.run_id)}: skipped, the spool is in use by "
+                  f"{r.busy}; run replay again once it has ended (or pass --wait SECONDS)")
             continue
-        line = f"{r.tracker:<12} run {r.run_id}: {r.delivered}/{r.pending} record(s) delivered"
+        line = f"{r.tracker:<12} run {_shown(r.run_id)}: {r.delivered}/{r.pending} record(s) "
+        line += "delivered"
         lost = r.lost
         if lost:
             line += f"; lost: {describe_losses(lost)}"
@@ -263,6 +264,11 @@ def _replay_one(
         return _deliver_spool(directory, log_dir, meta, progress, timeout, interrupted)
     finally:
         lock.release()
+
+
+def _shown(run_id: str) -> str:
+    """A run id as one line can show it (quoted when it holds a newline or another control)."""
+    return run_id if run_id.isprintable() else repr(run_id)
 
 
 def _runs_below(folder: Path) -> list[Path]:

@@ -43,6 +43,11 @@ __all__ = ["StallReport", "StallWatchdog", "stall_threshold"]
 RECENT_STEPS = 20
 
 
+def seconds(value: float) -> str:
+    """``612 s``, ``2.5 s``, ``0.25 s``: as many digits as the size of the number needs."""
+    return f"{value:.0f} s" if value >= 10 else f"{value:.2g} s"
+
+
 def stall_threshold(after: float, factor: float, step_starts: Sequence[float]) -> float:
     """Seconds without a step after which the run is stalled: ``max(after, factor * median of the
     recent step durations)`` (``after`` alone before two steps have started)."""
@@ -85,15 +90,14 @@ class StallReport:
             if timers
         )
         text = (
-            f"run {self.run_id} stalled: no step for {self.since_step:.0f} s ({last}; "
-            f"threshold {self.threshold:.0f} s)"
+            f"run {self.run_id} stalled: no step for {seconds(self.since_step)} ({last}; "
+            f"threshold {seconds(self.threshold)})"
         )
         if where:
             text += f"; open timers: {where}"
         if self.stragglers:
             text += f"; {self.stragglers[0]}"
-        if self.path is not None:
-            text += f"; report: {self.path}"
+        text += f"; report: {self.path}" if self.path is not None else "; no report (see above)"
         return text
 
     def to_json(self) -> dict[str, Any]:

@@ -29,10 +29,13 @@ class Straggler:
     skew: float
 
     def describe(self) -> str:
+        lead = (
+            f"its time was {self.skew:.2f}x the median rank's at that step"
+            if self.skew != float("inf") else "the median rank took no time at that step"
+        )  # fmt: skip
         return (
             f"rank {self.rank} was the slowest at {self.timing} in {self.times} of the last "
-            f"{self.window} steps (up to step {self.step}; its time was {self.skew:.2f}x the "
-            "median rank's at that step): every other rank waits for it"
+            f"{self.window} steps (up to step {self.step}; {lead}): the other ranks wait for it"
         )
 
 

@@ -27,6 +27,7 @@ from otel_rl.stalls import (
     gpu_readings,
     nccl_flight_recorder,
     ray_stacks,
+    seconds,
     thread_stacks,
 )
 from otel_rl.stragglers import Straggler, StragglerWatch
@@ -174,14 +175,15 @@ class RunWatch:
     def _on_stall(self, report: StallReport) -> None:
         _log.warning("otel-rl: %s", report.summary)
         step = report.step if report.step is not None else 0
-        title = f"run stalled: no step for {report.since_step:.0f} s"
+        title = f"run stalled: no step for {seconds(report.since_step)}"
         self._tell(Event(STALL_EVENT, step, title, report.summary), "otel_rl.stall",
                    {"otel_rl.stall.report": str(report.path or ""),
                     "otel_rl.stall.seconds": round(report.since_step, 3)})  # fmt: skip
 
     def _on_end(self, report: StallReport, length: float) -> None:
         text = f"stall ended: steps resumed after {length:.1f} s without one"
-        _log.warning("otel-rl: run %s: %s (report %s)", self.run_id, text, report.path)
+        where = f" (report {report.path})" if report.path is not None else ""
+        _log.warning("otel-rl: run %s: %s%s", self.run_id, text, where)
         step = self._step if self._step is not None else 0
         self._tell(Event(STALL_EVENT, step, text, text, level="info"), "otel_rl.stall.ended",
                    {"otel_rl.stall.report": str(report.path or ""),

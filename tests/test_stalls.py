@@ -232,7 +232,7 @@ def test_the_report_in_the_docs_is_what_the_demo_writes(tmp_path):
     real = report.read_text()
     headings = [ln for ln in real.splitlines() if ln and not ln.startswith(" ") and ":" in ln]
     for heading in headings:
-        key = heading.split(":")[0]
+        key = " ".join(heading.split(":")[0].split()[:2])  # "stalled at", "open timers", ...
         assert any(ln.startswith(key) for ln in pasted.splitlines()), heading
     for line in ("MainThread: generation", "wait_for_a_rollout_that_hangs(stall)",
                  "reason: torch is not imported in this process",
