@@ -36,6 +36,7 @@ from typing import Any
 
 from otel_rl.config import resolve_config
 from otel_rl.failures import describe_losses
+from otel_rl.fork_safe_log import log as _log
 from otel_rl.records import StepBatch
 from otel_rl.registry import exporter_class
 from otel_rl.spool import (
@@ -311,7 +312,14 @@ def _deliver_spool(
     # The folder holding the spool is the run's log_dir, wherever it was moved or copied: the
     # outputs kept inside it (the trackers' defaults) are written there.
     cfg["log_dir"] = str(log_dir)
-    with _working_directory(run_directory(meta, log_dir)):
+    base = run_directory(meta, log_dir)
+    started = meta.get("cwd")
+    if started and base != Path(started):
+        _log.warning(
+            "otel-rl replay: %s: the run started in %s%s; its relative paths start at %s",
+            tracker, started, "" if Path(started).is_dir() else " (gone)", base or Path.cwd(),
+        )  # fmt: skip
+    with _working_directory(base):
         exporter = exporter_class(tracker).from_config(cfg)
         landed = _landed_before_the_kill(directory, exporter, {seq for seq, _ in sendable})
         sendable = [(seq, record) for seq, record in sendable if seq not in landed]
