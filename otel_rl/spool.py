@@ -358,7 +358,13 @@ def scan(
             skipped += _missing(directory, range(expected, first), acks)
         previous = first - 1
         here: list[Skipped] = []
-        for seq, record, _ in read_segment(path, skipped=here, final=True):
+        line_start = 0
+        for seq, record, line_end in read_segment(path, skipped=here, final=True):
+            start, line_start = line_start, line_end
+            if seq <= previous:  # a line copied over another: a number that was used already
+                here.append(Skipped(path, start, f"sequence number {seq} comes again after "
+                                    f"{previous} (a line written over another)"))  # fmt: skip
+                continue
             if here:  # the generator appends to this very list: empty it in place
                 skipped.extend(_placed(here, range(previous + 1, seq), acks))
                 here.clear()

@@ -574,3 +574,18 @@ def test_replay_of_the_folder_above_the_runs_points_at_the_runs_with_records(tmp
     assert str(demo / "exp_001") not in out.stderr
     empty = subprocess.run([*REPLAY, ""], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert empty.returncode == 2 and "is not a directory" in empty.stderr
+
+
+def test_a_line_copied_over_the_next_one_is_reported_not_delivered_twice(tmp_path):
+    """Damage that is valid JSON: line 11 overwritten by a copy of line 10 (same number)."""
+    log_dir = tmp_path / "logs"
+    directory = _spool_of(log_dir, 20)
+    (segment,) = directory.glob("wal-*.jsonl")
+    lines = segment.read_bytes().splitlines(keepends=True)
+    lines[10] = lines[9]
+    segment.write_bytes(b"".join(lines))
+    out = _replay_cli(log_dir)
+    assert out.returncode == 1
+    assert "sequence number 10 comes again after 10" in out.stdout and "(record 11)" in out.stdout
+    steps = [r["step"] for r in jsonl_rows(log_dir / "metrics.jsonl")]
+    assert steps == [s for s in range(20) if s != 10]  # step 10 once; step 11's line is gone
