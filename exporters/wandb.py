@@ -17,6 +17,7 @@ config section is passed to ``wandb.init`` as it is (``project``, ``name``, ``en
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -59,7 +60,14 @@ class WandbExporter(SdkRunExporter):
         self._wandb = wandb
         directory = self.init_kwargs.get("dir")
         if directory:
+            # Absolute: W&B's service process outlives a run and resolves a relative dir against
+            # its own working directory, the one of the process's first W&B run.
+            self.init_kwargs["dir"] = str(Path(directory).absolute())
             Path(directory).mkdir(parents=True, exist_ok=True)
+        if "mode" not in self.init_kwargs and os.environ.get("WANDB_MODE"):
+            # W&B reads WANDB_MODE once per process, at its first run: a later run (a second
+            # Logger, a replay in-process) follows the variable as it is now.
+            self.init_kwargs["mode"] = os.environ["WANDB_MODE"]
         self.run = wandb.init(**self.init_kwargs)
         # ``otel-rl replay`` reopens this very run rather than starting another one.
         self.resume_config = {"wandb": {"id": self.run.id, "resume": "allow"}}

@@ -6,6 +6,7 @@ One cluster for the module (a head costs ~6 s and ~500 MiB); the actors take no 
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -111,6 +112,9 @@ def test_four_actors_merge_into_exact_rows_via_results_and_the_aggregator(ray_cl
         expected["timing/generate"] = max(times)
         expected["timing/generate/min"] = min(times)
         expected["timing/generate/mean"] = sum(times) / N_ACTORS
+        # the snapshots come back in rank order: the slowest is the index of the max total
+        expected["timing/generate/slowest_rank"] = float(times.index(max(times)))
+        expected["timing/generate/skew"] = max(times) / statistics.median(times)
         for prefix in ("train", "pushed"):
             got = {k.split("/", 1)[1]: v for k, v in row.items() if k.startswith(prefix + "/")}
             assert got.keys() == expected.keys()
@@ -121,6 +125,7 @@ def test_four_actors_merge_into_exact_rows_via_results_and_the_aggregator(ray_cl
         # rank r slept twice (r+1)*10 ms: the slowest rank is what max reports
         assert row["train/timing/generate"] >= 0.08
         assert row["train/timing/generate/min"] >= 0.02
+        assert row["train/timing/generate/slowest_rank"] == N_ACTORS - 1
 
 
 @pytest.mark.slow

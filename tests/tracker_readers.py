@@ -52,13 +52,17 @@ def read_wandb(run_dir: Path) -> WandbRun:
     """Decode a run's ``.wandb`` log with ``wandb leet inspect --json``."""
     wandb_cli = Path(sys.executable).with_name("wandb")
     command = [str(wandb_cli)] if wandb_cli.exists() else [sys.executable, "-m", "wandb"]
-    out = subprocess.run(
+    done = subprocess.run(
         [*command, "leet", "inspect", "--json", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=120,
-        check=True,
-    ).stdout
+    )
+    if done.returncode != 0:
+        raise AssertionError(
+            f"wandb leet inspect {run_dir} failed ({done.returncode}): {done.stderr[-2000:]}"
+        )
+    out = done.stdout
     run_id, resumed, exit_code = "", False, None
     history: list[dict[str, Any]] = []
     config: dict[str, Any] = {}
