@@ -137,6 +137,7 @@ def test_credentials_are_used_to_scrape_and_never_shown(tmp_path, caplog):
         server.authorizations
     )
     assert [e.url for e in monitor.engines] == [f"http://***@127.0.0.1:{port}/metrics"]
+    assert SECRET not in repr(monitor.endpoints) and len(monitor.endpoints) == 3
 
     text = sd_file.read_text()
     assert SECRET not in text and "rollout:" not in text

@@ -263,6 +263,11 @@ class RolloutMonitor:
 
     @property
     def endpoints(self) -> list[str]:
+        """The endpoints scraped, as they may be shown: credentials as ``***@``."""
+        return [without_userinfo(url) for url in self._targets()]
+
+    def _targets(self) -> list[str]:
+        """The endpoints scraped, credentials included (for the requests only)."""
         with self._endpoint_lock:
             return list(self._endpoints)
 
@@ -321,7 +326,7 @@ class RolloutMonitor:
         it)."""
         extra = {str(k): str(v) for k, v in (labels or {}).items()}
         groups: dict[tuple[str, str], list[str]] = {}
-        for url in self.endpoints:
+        for url in self._targets():
             parts = urlsplit(url)
             # A target is host:port; credentials have no place in a file_sd file and stay out of
             # it (the collector's scrape job gives them: docs/security.md).
@@ -404,7 +409,7 @@ class RolloutMonitor:
     async def _round(self, session: Any) -> None:
         started = time.monotonic()
         round_at = self._clock()
-        urls = self.endpoints
+        urls = self._targets()
         node_urls: set[str] = set()
         if self.source == "ray":
             node_urls = {t.url for t in self._refresh_ray_nodes()} - set(urls)
