@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from generated import part_in, rewrite, with_part
+
 from otel_rl.config_schema import markdown_table
 
 DOC = Path(__file__).with_name("configuration.md")
@@ -17,25 +19,17 @@ END = "<!-- config-table:end -->"
 
 
 def with_table(text: str, table: str) -> str:
-    """``text`` with what lies between the two markers replaced by ``table``."""
-    head, found, rest = text.partition(START)
-    _, found_end, tail = rest.partition(END)
-    if not (found and found_end):
-        raise ValueError(f"{DOC}: the config-table markers are missing")
-    return f"{head}{START}\n{table}\n{END}{tail}"
+    """``text`` with the config table replaced by ``table``."""
+    return with_part(text, (START, END), table, DOC)
 
 
 def table_in(text: str) -> str:
     """The table between the markers of ``text``."""
-    return text.partition(START)[2].partition(END)[0].strip("\n")
+    return part_in(text, (START, END))
 
 
 def main() -> int:
-    text = DOC.read_text(encoding="utf-8")
-    updated = with_table(text, markdown_table())
-    if updated != text:
-        DOC.write_text(updated, encoding="utf-8")
-        print(f"updated {DOC}")
+    rewrite(DOC, [((START, END), markdown_table())])
     return 0
 
 

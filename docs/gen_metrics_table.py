@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from generated import part_in, rewrite, with_part
+
 from otel_rl.catalogue import CATALOGUE, Metric, Semconv, prometheus_family
 
 DOC = Path(__file__).with_name("metrics.md")
@@ -98,28 +100,17 @@ def semconv_table() -> str:
 
 
 def with_table(text: str, markers: tuple[str, str], table: str) -> str:
-    """``text`` with what lies between the two markers replaced by ``table``."""
-    start, end = markers
-    head, found, rest = text.partition(start)
-    _, found_end, tail = rest.partition(end)
-    if not (found and found_end):
-        raise ValueError(f"{DOC}: the markers {start!r} … {end!r} are missing")
-    return f"{head}{start}\n{table}\n{end}{tail}"
+    """``text`` with the table between ``markers`` replaced by ``table``."""
+    return with_part(text, markers, table, DOC)
 
 
 def table_in(text: str, markers: tuple[str, str]) -> str:
     """The table between the markers of ``text``."""
-    start, end = markers
-    return text.partition(start)[2].partition(end)[0].strip("\n")
+    return part_in(text, markers)
 
 
 def main() -> int:
-    text = DOC.read_text(encoding="utf-8")
-    updated = with_table(text, METRICS, metrics_table())
-    updated = with_table(updated, SEMCONV, semconv_table())
-    if updated != text:
-        DOC.write_text(updated, encoding="utf-8")
-        print(f"updated {DOC}")
+    rewrite(DOC, [(METRICS, metrics_table()), (SEMCONV, semconv_table())])
     return 0
 
 

@@ -109,8 +109,10 @@ def serve_otlp_http(
 
 
 class OtlpHttpReceiver(_Store):
-    """``POST /v1/metrics`` with ``application/x-protobuf`` (gzip/deflate accepted); log records
-    sent to ``/v1/logs`` of the same endpoint are kept in ``logs``."""
+    """What a collector receives on ``endpoint`` over OTLP/HTTP (``application/x-protobuf``,
+    gzip/deflate accepted): metric points at ``/v1/metrics`` (``points()``, ``names()``), spans at
+    ``/v1/traces`` (``spans``) and log records at ``/v1/logs`` (``logs``), each as (resource
+    attributes, message)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -118,9 +120,21 @@ class OtlpHttpReceiver(_Store):
             ExportLogsServiceRequest,
             ExportLogsServiceResponse,
         )
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
 
-        #: Every log record received: (resource attributes, the LogRecord message).
+        self.spans: list[tuple[dict[str, Any], Any]] = []
         self.logs: list[tuple[dict[str, Any], Any]] = []
+
+        def add_spans(request: Any, headers: dict[str, str]) -> None:
+            with self._cond:
+                for resource_spans in request.resource_spans:
+                    resource = attributes_of(resource_spans.resource.attributes)
+                    for scope_spans in resource_spans.scope_spans:
+                        self.spans.extend((resource, s) for s in scope_spans.spans)
+                self._cond.notify_all()
 
         def add_logs(request: Any, headers: dict[str, str]) -> None:
             for resource_logs in request.resource_logs:
@@ -130,10 +144,18 @@ class OtlpHttpReceiver(_Store):
 
         self.server = serve_otlp_http(
             "/v1/metrics", ExportMetricsServiceRequest, ExportMetricsServiceResponse, self.add,
-            more={"/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse, add_logs)},
+            more={
+                "/v1/traces": (ExportTraceServiceRequest, ExportTraceServiceResponse, add_spans),
+                "/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse, add_logs),
+            },
         )  # fmt: skip
         self.port = self.server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def wait_for_spans(self, count: int, timeout: float = 30.0) -> list[tuple[dict, Any]]:
+        with self._cond:
+            self._cond.wait_for(lambda: len(self.spans) >= count, timeout)
+            return list(self.spans)
 
     def close(self) -> None:
         self.server.shutdown()

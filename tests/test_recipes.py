@@ -32,22 +32,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-    ExportLogsServiceRequest,
-    ExportLogsServiceResponse,
-)
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
 from tests import servers
 from tests.gpu_nodes import NodeFarm, render, simulated_node
-from tests.otlp_receiver import _Store, attributes_of, serve_otlp_http
+from tests.otlp_receiver import OtlpHttpReceiver, attributes_of
 from tests.readers import jsonl_rows, tensorboard_scalars
 from tests.rollout_pages import V1_EXP, V1_FIRST, V1_LATER, PageServer
 
@@ -100,54 +88,10 @@ def recipe_config(page: str, section: str, otlp_endpoint: str, gpu_node: str) ->
     return cfg
 
 
-# ---- an OTel Collector: metrics, traces and logs on one OTLP/HTTP address -----------------------
-
-
-class Collector(_Store):
-    """What a collector receives on ``endpoint``: metric points (``points()``, ``names()``),
-    spans (``spans``: (resource attributes, span)) and log records (``logs``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.spans: list[tuple[dict[str, Any], Any]] = []
-        self.logs: list[tuple[dict[str, Any], Any]] = []
-
-        def add_spans(request: Any, headers: dict[str, str]) -> None:
-            with self._cond:
-                for resource_spans in request.resource_spans:
-                    resource = attributes_of(resource_spans.resource.attributes)
-                    for scope_spans in resource_spans.scope_spans:
-                        self.spans.extend((resource, s) for s in scope_spans.spans)
-                self._cond.notify_all()
-
-        def add_logs(request: Any, headers: dict[str, str]) -> None:
-            for resource_logs in request.resource_logs:
-                resource = attributes_of(resource_logs.resource.attributes)
-                for scope_logs in resource_logs.scope_logs:
-                    self.logs.extend((resource, r) for r in scope_logs.log_records)
-
-        self.server = serve_otlp_http(
-            "/v1/metrics", ExportMetricsServiceRequest, ExportMetricsServiceResponse, self.add,
-            more={
-                "/v1/traces": (ExportTraceServiceRequest, ExportTraceServiceResponse, add_spans),
-                "/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse, add_logs),
-            },
-        )  # fmt: skip
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def wait_for_spans(self, count: int, timeout: float = 30.0) -> list[tuple[dict, Any]]:
-        with self._cond:
-            self._cond.wait_for(lambda: len(self.spans) >= count, timeout)
-            return list(self.spans)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def collector() -> Iterator[Collector]:
-    server = Collector()
+def collector() -> Iterator[OtlpHttpReceiver]:
+    """An OTel Collector: metrics, traces and logs on one OTLP/HTTP address."""
+    server = OtlpHttpReceiver()
     yield server
     server.close()
 
@@ -307,7 +251,7 @@ JSONL_SHOWN = (
 )
 
 
-def show_outputs(lines: list[dict], tb: dict, page: str, collector: Collector,
+def show_outputs(lines: list[dict], tb: dict, page: str, collector: OtlpHttpReceiver,
                  traces: dict[int, tuple[Any, list]], step: int) -> None:  # fmt: skip
     """Each output of a run, trimmed to a few lines."""
     at_step = [x for x in lines if x["step"] == step and x.get("axis") != "ray/ray_step"]
@@ -338,7 +282,7 @@ def trimmed_history(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def no_stall(log_dir: Path, samples: dict, collector: Collector) -> None:
+def no_stall(log_dir: Path, samples: dict, collector: OtlpHttpReceiver) -> None:
     """The watchdog ran (its gauges are on the page) and saw none: no report, no event."""
     assert sample(samples, "otel_rl_stalled") == 0.0
     assert 0.0 <= sample(samples, "otel_rl_seconds_since_step") < 60.0

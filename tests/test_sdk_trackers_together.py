@@ -45,14 +45,7 @@ def _rows(pairs: list[tuple[float, dict[str, Any]]]) -> Rows:
 
 
 @pytest.mark.slow
-def test_identical_rows_in_every_tracker(monkeypatch, tmp_path):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
-    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
-    monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
-    monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab-root"))
+def test_identical_rows_in_every_tracker(offline_trackers, tmp_path):
     log_dir = tmp_path / "logs"
     project = f"otel-rl-tests-{uuid.uuid4().hex[:8]}"
     cfg = {

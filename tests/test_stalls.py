@@ -321,7 +321,7 @@ def test_a_worker_stuck_inside_a_timer_is_named_with_its_open_timers(tmp_path, r
 
 
 @pytest.mark.slow
-def test_a_stall_reaches_every_tracker_with_text_as_text(monkeypatch, tmp_path):
+def test_a_stall_reaches_every_tracker_with_text_as_text(offline_trackers, tmp_path):
     """W&B (offline files, read with W&B's own decoder), SwanLab (offline, its own reader),
     MLflow (a local store, read with its client) and TensorBoard each hold the stall's summary
     at the last step before it, and the end of the stall after it."""
@@ -329,13 +329,6 @@ def test_a_stall_reaches_every_tracker_with_text_as_text(monkeypatch, tmp_path):
 
     from tests.tracker_readers import read_swanlab, read_wandb, swanlab_run_dirs, wandb_run_dirs
 
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
-    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
-    monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
-    monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab-root"))
     log_dir = tmp_path / "logs"
     project = f"otel-rl-tests-{uuid.uuid4().hex[:8]}"
     cfg = {
