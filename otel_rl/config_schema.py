@@ -479,7 +479,12 @@ def _problem(error: Mapping[str, Any]) -> str:
 
 
 def _shown(value: Any, kind: str = "") -> str:
-    """The value given, with a hint when it is a quoted bool or number (a YAML slip)."""
+    """The value given, with a hint when it is a quoted bool or number (a YAML slip). A URL's
+    ``user:password@`` is shown as ``***@``: an error message is no place for a password."""
+    if isinstance(value, str) and "@" in value and "://" in value:
+        from otel_rl.ray.discovery import without_userinfo
+
+        value = without_userinfo(value)
     try:
         text = shorten(repr(value), 200)
     except Exception:  # a value whose __repr__ raises is still named by its type

@@ -153,3 +153,12 @@ def test_credentials_are_used_to_scrape_and_never_shown(tmp_path, caplog):
     assert any("HTTP 401" in w and f"http://***@127.0.0.1:{port}/other" in w for w in warnings)
     assert any("connection refused" in w and "***@127.0.0.1" in w for w in warnings)
     assert sum("basic_auth" in w for w in warnings) == 3, warnings  # one per endpoint, once
+
+
+def test_a_refused_endpoint_in_the_config_is_named_without_its_password():
+    from otel_rl import ConfigError
+    from otel_rl.config import resolve_config
+
+    with pytest.raises(ConfigError) as refused:
+        resolve_config({"rollout_monitoring": {"endpoints": [f"ftp://user:{SECRET}@host:1/x"]}})
+    assert SECRET not in str(refused.value) and "ftp://***@host:1/x" in str(refused.value)
