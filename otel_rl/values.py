@@ -216,12 +216,10 @@ def _statistics(numbers: list[float], nans: int) -> dict[str, float]:
             mean = math.fsum(x / n for x in ordered)
         except ValueError:  # +inf and -inf both present
             mean = math.nan
-        if math.isinf(ordered[0]) or math.isinf(ordered[-1]):
-            std = math.nan  # the distance of a value to an infinite mean is undefined
-        else:
-            std = math.sqrt(math.fsum((x - mean) * (x - mean) for x in ordered) / n)
+        # The distance of a value to an infinite mean is undefined: NaN.
+        infinite = math.isinf(ordered[0]) or math.isinf(ordered[-1])
         stats["mean"] = mean
-        stats["std"] = std
+        stats["std"] = math.nan if infinite else _std(ordered, mean)
         stats["min"] = ordered[0]
         stats["max"] = ordered[-1]
         stats["p50"] = _quantile(ordered, 0.5)
@@ -229,6 +227,17 @@ def _statistics(numbers: list[float], nans: int) -> dict[str, float]:
     if nans:
         stats["nan_count"] = float(nans)
     return stats
+
+
+def _std(ordered: list[float], mean: float) -> float:
+    """Population std, computed on values scaled by the largest magnitude: squares of values
+    beyond ~1e154 would overflow (and ``fsum`` raise) although the std itself is finite."""
+    scale = max(abs(ordered[0]), abs(ordered[-1])) or 1.0
+    try:
+        total = math.fsum((t := (x - mean) / scale) * t for x in ordered)
+    except OverflowError:
+        return math.inf
+    return scale * math.sqrt(total / len(ordered))
 
 
 def _quantile(ordered: list[float], q: float) -> float:

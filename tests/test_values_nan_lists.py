@@ -216,3 +216,14 @@ def test_nemo_rl_generation_metrics_across_workers_leave_nans_out(log_dir):
     assert row[f"{key}/mean"] == 2.0
     assert (row[f"{key}/min"], row[f"{key}/max"]) == (1.0, 3.0)
     assert row[f"{key}/nan_count"] == 3.0
+
+
+def test_huge_finite_values_give_their_finite_std():
+    """Squares of values beyond ~1e154 overflow; the std of such a list is still finite and
+    every statistic arrives (found by the property above: [0, 0, 2.84e154] lost its summary)."""
+    from otel_rl.values import summarize
+
+    stats = summarize([0.0, 0.0, 2.8442255724327534e154])
+    assert stats["std"] == pytest.approx(2.8442255724327534e154 * math.sqrt(2) / 3, rel=1e-12)
+    assert stats["count"] == 3.0 and stats["max"] == 2.8442255724327534e154
+    assert summarize([1e308, -1e308])["std"] == pytest.approx(1e308, rel=1e-12)
