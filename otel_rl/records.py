@@ -416,6 +416,17 @@ class CountedHistogram(HistogramValue):
         return {name: float(n) for name, n in counts.items() if n}
 
 
+def exact_sum(values: Sequence[float]) -> float:
+    """The exact sum as a float (±inf beyond the float range): ``fsum`` raises when a partial
+    sum overflows, though the total may fit, so it is summed at a smaller scale then."""
+    k = 1.0
+    while True:
+        try:
+            return math.fsum(x / k for x in values) * k
+        except OverflowError:
+            k *= 2.0
+
+
 def histogram_of(numbers: Sequence[float], bins: int = 30) -> CountedHistogram:
     """Equal-width histogram of the finite ``numbers``; NaNs and infinities are counted apart."""
     finite = [x for x in numbers if math.isfinite(x)]
@@ -428,15 +439,11 @@ def histogram_of(numbers: Sequence[float], bins: int = 30) -> CountedHistogram:
     counts = [0] * bins
     for x in finite:
         counts[min(int((x * scale - lo * scale) / width), bins - 1)] += 1
-    try:
-        total = math.fsum(finite)
-    except OverflowError:  # a partial sum beyond the float range; the total may still fit
-        total = math.fsum(x / len(finite) for x in finite) * len(finite)
     return CountedHistogram(
         bounds,
         tuple(counts),
         len(finite),
-        total,
+        exact_sum(finite),
         lo,
         hi,
         nan_count=nans,

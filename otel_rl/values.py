@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from otel_rl.errors import MetricError
-from otel_rl.records import CountedHistogram, HistogramValue
+from otel_rl.records import CountedHistogram, HistogramValue, exact_sum
 
 #: Called as ``report(key, reason)`` for every value that is not logged as given.
 Reporter = Callable[[str, str], None]
@@ -213,7 +213,7 @@ def _statistics(numbers: list[float], nans: int) -> dict[str, float]:
         try:
             mean = math.fsum(ordered) / n
         except OverflowError:  # finite partial sums beyond the float range
-            mean = math.fsum(x / n for x in ordered)
+            mean = exact_sum([x / n for x in ordered])
         except ValueError:  # +inf and -inf both present
             mean = math.nan
         # The distance of a value to an infinite mean is undefined: NaN.
