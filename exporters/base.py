@@ -288,6 +288,8 @@ class TrackerExporter(MetricExporter):
 
     def _undelivered_message(self, left: int, timeout: float) -> str:
         assert self._delivery is not None
+        if self._options.shutdown_timeout is not None:
+            timeout = self._options.shutdown_timeout
         failure = self._delivery.failure
         error = failure or self._delivery.last_error
         if failure is not None:

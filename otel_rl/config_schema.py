@@ -270,7 +270,11 @@ class ExportSection(Section):
         "what a full queue does ([reliability.md](reliability.md#backpressure-exporton_full))",
     )
     shutdown_timeout: float = _field(
-        30.0, "how long `finish()` drains trackers", shown_type="seconds", ge=0, le=MAX_SECONDS
+        30.0,
+        "deadline of `finish()` and exit: every part gives up at it",
+        shown_type="seconds",
+        ge=0,
+        le=MAX_SECONDS,
     )
     retry_max_backoff: Seconds = _field(
         10.0, "ceiling of the exponential retry backoff", shown_type="seconds"

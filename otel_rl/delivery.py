@@ -46,6 +46,9 @@ class ExportOptions:
     on_full: str = "spool"
     retry_max_backoff: float = 10.0
     fsync_interval: float = 1.0
+    #: The run's ``export.shutdown_timeout``, which the exit message names (a Logger's
+    #: ``finish()`` gives a tracker what is left of it; None: the timeout ``shutdown`` is given).
+    shutdown_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.on_full not in ON_FULL:

@@ -6,10 +6,10 @@ import atexit
 import inspect
 import math
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,14 @@ from opentelemetry.metrics import Observation
 from otel_rl import lifecycle
 from otel_rl.checkpoint import PendingStepCheckpointer
 from otel_rl.config import resolve_config
+from otel_rl.deadline import (
+    SHUTDOWN_GRACE,
+    Deadline,
+    Part,
+    start_stopping,
+    still_stopping,
+    stop_in_parallel,
+)
 from otel_rl.delivery import ExportOptions
 from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.errors import ConfigError, MetricError, MetricReporter
@@ -88,6 +96,7 @@ class Logger:
             on_full=str(export["on_full"]),
             retry_max_backoff=float(export["retry_max_backoff"]),
             fsync_interval=float(export["fsync_interval"]),
+            shutdown_timeout=self._shutdown_timeout,
         )
         classes = [exporter_class(name) for name in enabled_backends(cfg)]
         self.exporters = [cls.from_config(cfg) for cls in classes]
@@ -378,32 +387,33 @@ class Logger:
             if not self._steps.close():
                 return
             self._finished = True
-        self._checkpointer.stop()
-        if self._watch is not None:
-            self._watch.stop()
         atexit.unregister(self._atexit)
-        # The monitors' last rows must reach the trackers before they close.
-        if self.gpu_monitor is not None:
-            self.gpu_monitor.stop()
-        if self.rollout_monitor is not None:
-            self.rollout_monitor.close(timeout=min(self._shutdown_timeout, 10.0))
+        deadline = Deadline(self._shutdown_timeout)
+        # The sources' last rows must reach the trackers before these close, so the sources
+        # stop first, within half the time: a hung endpoint leaves the trackers the rest.
+        sources_by = deadline.share(0.5)
+        late = stop_in_parallel(self._sources_stopping(sources_by), sources_by.at)
         if self._router is not None:
             self._router.unroute(self._pipeline.provider)
-        timeout_ms = self._shutdown_timeout * 1000
-        threads = [
-            threading.Thread(target=_shutdown_exporter, args=(e, timeout_ms, code), daemon=True)
+        trackers = start_stopping([
+            (f"tracker {getattr(e, 'name', type(e).__name__)}",
+             partial(_shutdown_exporter, e, deadline, code))
             for e in self.exporters
-        ]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + self._shutdown_timeout + 1.0
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        self._pipeline.shutdown(timeout_millis=min(timeout_ms, 10_000))
-        if self._step_spans is not None:
-            self._step_spans.close()
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
+        ])  # fmt: skip
+        otel = start_stopping([
+            ("OTel pipeline", lambda: self._pipeline.shutdown(deadline.left() * 1000)),
+            ("tracing", self._close_tracing),
+        ])  # fmt: skip
+        # The grace second lets a tracker that gave up at the deadline close its client.
+        late += still_stopping(otel, deadline.at)
+        late += still_stopping(trackers, deadline.at + SHUTDOWN_GRACE)
+        if late:
+            _log.warning(
+                "otel-rl: finish() returned at its deadline (export.shutdown_timeout: %g s + %g s) "
+                "while still stopping: %s. What they had not sent is lost, except the trackers' "
+                "records, which stay in the spool for otel-rl replay",
+                self._shutdown_timeout, SHUTDOWN_GRACE, ", ".join(late),
+            )  # fmt: skip
         # Last, so that a signal during the drain still finds our handler; the signals go back
         # to their previous handlers only if the application did not install its own since.
         lifecycle.unregister(self)
@@ -415,6 +425,27 @@ class Logger:
         self.finish(exit_code=exit_code_of(exc_type, exc))
 
     # ---- internals ----------------------------------------------------------------------------
+
+    def _sources_stopping(self, deadline: Deadline) -> list[Part]:
+        """What feeds the trackers, with the calls that stop it by ``deadline`` (the last rows
+        of the GPU and rollout monitors and a pending stall's end are sent to the trackers)."""
+        parts: list[Part] = [("pending-step checkpoints", self._checkpointer.stop)]
+        watch, gpus, rollout = self._watch, self.gpu_monitor, self.rollout_monitor
+        if watch is not None:
+            parts.append(("stall watch", lambda: watch.stop(deadline.left())))
+        if gpus is not None:
+            parts.append(("GPU monitor", lambda: gpus.stop(deadline.left())))
+        if rollout is not None:
+            parts.append(("rollout monitor", lambda: rollout.close(timeout=deadline.left())))
+        return parts
+
+    def _close_tracing(self) -> None:
+        """End the open step spans, then send the spans (the tracer's shutdown has no timeout of
+        its own: the deadline of ``finish()`` bounds it)."""
+        if self._step_spans is not None:
+            self._step_spans.close()
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
 
     def _attach(self, exporter: Any, options: ExportOptions) -> None:
         if not hasattr(exporter, "attach"):
@@ -442,9 +473,12 @@ class Logger:
     def _abandon_start(self) -> None:
         """``Logger()`` failed half-way: stop the trackers started so far (nothing was logged to
         them) and the operator outputs."""
-        for exporter in self.exporters:
-            if getattr(exporter, "started", False):
-                _shutdown_exporter(exporter, 1000.0, 0)
+        deadline = Deadline(1.0)
+        started = [e for e in self.exporters if getattr(e, "started", False)]
+        stop_in_parallel(
+            [(f"tracker {e.name}", partial(_shutdown_exporter, e, deadline, 0)) for e in started],
+            deadline.at + SHUTDOWN_GRACE,
+        )
         self._pipeline.shutdown(timeout_millis=1000)
 
     def _spool_options(self, tracker: str) -> dict[str, Any]:
@@ -585,8 +619,5 @@ class Logger:
             return None
 
 
-def _shutdown_exporter(exporter: Any, timeout_ms: float, exit_code: int) -> None:
-    try:
-        exporter.shutdown(timeout_millis=timeout_ms, exit_code=exit_code)
-    except Exception as exc:
-        _log.warning("otel-rl: %s: shutdown failed: %s", getattr(exporter, "name", exporter), exc)
+def _shutdown_exporter(exporter: Any, deadline: Deadline, exit_code: int) -> None:
+    exporter.shutdown(timeout_millis=deadline.left() * 1000, exit_code=exit_code)

@@ -355,7 +355,8 @@ def test_table_lists_every_key_with_its_default():
     rows = {line.split(" | ")[0].strip("|` "): line for line in table.splitlines()[2:]}
     assert len(rows) == len(table.splitlines()) - 2  # one row per key, no duplicates
     assert rows["export.shutdown_timeout"] == (
-        "| `export.shutdown_timeout` | seconds | `30` | how long `finish()` drains trackers |"
+        "| `export.shutdown_timeout` | seconds | `30` "
+        "| deadline of `finish()` and exit: every part gives up at it |"
     )
     assert "`spool` \\| `block` \\| `drop_oldest`" in rows["export.on_full"]
     for key in ("redaction.extra_patterns", "rollout_monitoring.engine", "prometheus.enabled",

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from otel_rl.exporters.base import TrackerExporter
@@ -166,6 +164,8 @@ def test_worker_thread_never_dies(tmp_path, otel_rl_warnings):
 def test_finish_cut_by_the_timeout_then_replay_sends_nothing_twice(tmp_path):
     """Item 3a: a slow tracker, finish() cut by export.shutdown_timeout, then replay: every
     step exactly once."""
+    from tests.faults.fault_tracker import env_with_faultfile, read_rows, set_mode
+
     log_dir = tmp_path / "logs"
     child = textwrap.dedent(f"""
         import logging
@@ -181,13 +181,11 @@ def test_finish_cut_by_the_timeout_then_replay_sends_nothing_twice(tmp_path):
             for step in range(300):
                 logger.log_metrics({{"x": float(step)}}, step=step)
     """)
-    env = _env_with_faultfile(tmp_path)
+    env = env_with_faultfile(tmp_path)
     done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "not delivered before the shutdown timeout" in done.stderr
-    from tests.faults.fault_tracker import read_rows, set_mode
-
     set_mode(tmp_path / "control", "ok")
     out = subprocess.run([*REPLAY, str(log_dir), "--no-progress"], env=env, capture_output=True,
                          text=True, timeout=120)
@@ -407,16 +405,6 @@ def test_replay_into_wandb_continues_the_same_run(tmp_path):
     run_id = meta["resume"]["wandb"]["id"]
     assert meta["resume"]["wandb"]["resume"] == "allow"
     assert list((log_dir / "wandb").glob(f"offline-run-*-{run_id}"))
-
-
-def _env_with_faultfile(tmp_path: Path) -> dict[str, str]:
-    from tests.faults.fault_tracker import install_entry_point
-
-    site = install_entry_point(tmp_path / "site")
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), root, env.get("PYTHONPATH", "")])
-    return env
 
 
 def test_the_sdks_shutdown_timeout_keyword_is_honoured():

@@ -108,6 +108,15 @@ def install_entry_point(site: Path) -> Path:
     return site
 
 
+def env_with_faultfile(tmp_path: Path) -> dict[str, str]:
+    """The environment of a child process that finds ``faultfile`` (and ``tests``)."""
+    site = install_entry_point(tmp_path / "site")
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([str(site), root, env.get("PYTHONPATH", "")])
+    return env
+
+
 def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, float]]]:
     """``[(step, {key: value})]`` in the order the tracker wrote them."""
     if not Path(path).exists():

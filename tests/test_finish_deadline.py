@@ -1,0 +1,148 @@
+"""One deadline for the end of a run: ``finish()`` (and exit) return within
+``export.shutdown_timeout`` + 1 s whatever hangs, and what was not delivered is replayable.
+
+The hung parts are real sockets that accept connections and never answer (a rollout engine,
+a Ray node's metrics endpoint, the OTel Collector for metrics and traces), plus the
+``faultfile`` tracker stuck in a write (no real tracker SDK hangs on demand; see
+``tests/faults/fault_tracker.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from otel_rl.deadline import Deadline, stop_in_parallel
+from tests.faults.fault_tracker import env_with_faultfile, read_rows, set_mode
+
+REPLAY = [sys.executable, "-m", "otel_rl.cli", "replay"]
+SHUTDOWN_TIMEOUT = 2.0
+STEPS = 20
+
+
+def _silent_endpoint() -> socket.socket:
+    """A port whose connections are accepted by the kernel and never answered."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(128)
+    return server
+
+
+def _child(tmp_path: Path, ports: dict[str, int], ending: str) -> str:
+    ends = {
+        "finish": "logger.finish()",
+        "atexit": "pass  # the interpreter's exit ends the run",
+    }
+    return textwrap.dedent(f"""
+        import logging, sys, time
+        from otel_rl import Logger
+        from tests.faults.fault_tracker import set_mode
+        logging.basicConfig()
+        control = {str(tmp_path / "control")!r}
+        cfg = {{
+            "log_dir": {str(tmp_path / "logs")!r},
+            "jsonl_enabled": True,
+            "trackers": {{"faultfile": {{"path": {str(tmp_path / "rows.jsonl")!r},
+                                         "control": control}}}},
+            "monitor_gpus": True,
+            "gpu_monitoring": {{"endpoints": ["127.0.0.1:{ports["gpu"]}"],
+                                "collection_interval": 0.5, "flush_interval": 0.5}},
+            "rollout_monitoring": {{"endpoints": ["127.0.0.1:{ports["rollout"]}"],
+                                    "collection_interval": 0.5}},
+            "otlp": {{"enabled": True, "endpoint": "http://127.0.0.1:{ports["collector"]}",
+                      "interval": 0.5}},
+            "tracing": {{"enabled": True}},
+            "export": {{"shutdown_timeout": {SHUTDOWN_TIMEOUT}, "fsync_interval": 0.1}},
+        }}
+        set_mode(control, "ok")
+        logger = Logger(cfg)
+        for step in range({STEPS}):
+            if step == {STEPS // 2}:
+                set_mode(control, "slow 1000")  # the tracker hangs in its next write
+            with logger.timer("timing/step"):
+                logger.log_metrics({{"loss": float(step)}}, step=step)
+        time.sleep(1.0)  # every hung part is now waiting on its socket or its write
+        print("ENDING", time.monotonic(), file=sys.stderr, flush=True)
+        {ends[ending]}
+        print("ENDED", time.monotonic(), file=sys.stderr, flush=True)
+    """)
+
+
+@pytest.mark.parametrize("ending", ["finish", "atexit"])
+def test_everything_hung_at_once_still_ends_the_run_within_the_timeout(tmp_path, ending):
+    """A tracker, a rollout endpoint, a GPU endpoint and the collector hang at once: the run
+    ends within ``shutdown_timeout`` + 1 s (about 15 s before there was one deadline), the exit
+    message counts what was not delivered and names what was left stopping, and replay then
+    delivers every step exactly once."""
+    servers = {name: _silent_endpoint() for name in ("rollout", "gpu", "collector")}
+    ports = {name: s.getsockname()[1] for name, s in servers.items()}
+    env = env_with_faultfile(tmp_path)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _child(tmp_path, ports, ending)],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        exited = time.monotonic()  # the same clock as the child's on Linux
+    finally:
+        for server in servers.values():
+            server.close()
+    assert done.returncode == 0, done.stderr
+    ending_at = float(done.stderr.split("ENDING ", 1)[1].split()[0])
+    assert exited - ending_at < SHUTDOWN_TIMEOUT + 1.0, done.stderr
+    if ending == "finish":
+        ended_at = float(done.stderr.split("ENDED ", 1)[1].split()[0])
+        assert ended_at - ending_at < SHUTDOWN_TIMEOUT + 1.0, done.stderr
+    assert "faultfile: " in done.stderr and "not delivered before the shutdown timeout" in (
+        done.stderr
+    )
+    assert f"(export.shutdown_timeout: {SHUTDOWN_TIMEOUT:g} s;" in done.stderr
+    late = done.stderr.split("while still stopping: ", 1)[1].split(". ", 1)[0].split(", ")
+    assert "tracing" in late and "tracker faultfile" not in late  # it gave up and closed
+
+    set_mode(tmp_path / "control", "ok")
+    out = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = read_rows(tmp_path / "rows.jsonl")
+    losses = [(step, row["loss"]) for step, row in rows if "loss" in row]
+    assert losses == [(step, float(step)) for step in range(STEPS)]
+
+
+def test_stop_in_parallel_waits_for_the_quick_names_the_late_and_survives_a_failure(caplog):
+    release = threading.Event()
+    stopped = []
+    parts = [
+        ("quick", lambda: stopped.append("quick")),
+        ("hung", release.wait),
+        ("broken", lambda: 1 / 0),
+        ("slow", lambda: (time.sleep(0.2), stopped.append("slow"))),
+    ]
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        started = time.monotonic()
+        late = stop_in_parallel(parts, time.monotonic() + 0.6)
+        waited = time.monotonic() - started
+    release.set()
+    assert late == ["hung"]
+    assert sorted(stopped) == ["quick", "slow"]
+    assert 0.55 < waited < 2.0
+    assert [r.getMessage() for r in caplog.records] == [
+        "otel-rl: broken: stopping failed: ZeroDivisionError: division by zero"
+    ]
+
+
+def test_a_deadline_shares_its_time_and_never_goes_negative():
+    deadline = Deadline(10.0)
+    first = deadline.share(0.5)
+    assert 4.9 < first.left() <= 5.0
+    assert first.at < deadline.at
+    assert Deadline(-3).left() == 0.0
+    passed = Deadline(0.0)
+    assert passed.share(0.5).left() == 0.0
