@@ -21,10 +21,6 @@ from typing import Any
 
 from otel_rl.errors import ConfigError
 
-#: Sub-dicts that are handed to a tracker's SDK as they are; the keys of an enabled tracker's
-#: section are checked against what that tracker accepts (otel_rl.tracker_settings).
-PASSTHROUGH_SECTIONS = ("wandb", "mlflow", "swanlab", "trackio", "trackers")
-
 #: Tracker backends and the config flag that enables each.
 
 

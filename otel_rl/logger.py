@@ -566,7 +566,7 @@ class Logger:
         from otel_rl.watch import OtlpLogRecords, RunWatch
 
         section = cfg["stalls"]
-        otlp = self._pipeline.otlp_settings
+        otlp = cfg["otlp"] if cfg["otlp"]["enabled"] else None
         gpu = self.gpu_monitor
         watch = RunWatch(
             run_id=self.run_id,

@@ -56,7 +56,8 @@ DEFAULT_HTTP_ENDPOINT = "http://127.0.0.1:4318"
 DEFAULT_GRPC_ENDPOINT = "http://127.0.0.1:4317"
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_INTERVAL_S = 10.0
-_HTTP_METRICS_PATH = "/v1/metrics"
+#: The three signals and the path of each on an OTLP/HTTP endpoint.
+SIGNALS = ("metrics", "traces", "logs")
 # The spec gives OTLP timeouts in milliseconds; the Python SDK (and so otel-rl) reads seconds.
 _TIMEOUT_LOOKS_LIKE_MS = 300.0
 
@@ -77,20 +78,27 @@ class OtlpSettings:
     semantic_conventions: bool = False
 
 
-def resolve_otlp(otlp: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> OtlpSettings:
-    """Resolve the ``otlp:`` config section against the environment (config wins per key)."""
+def resolve_otlp(
+    otlp: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    *,
+    signal: str = "metrics",
+) -> OtlpSettings:
+    """Resolve the ``otlp:`` config section against the environment (config wins per key) for
+    one signal: ``metrics``, ``traces`` (the timers' spans) or ``logs`` (the run's events). All
+    three go to the same collector with the same headers and Basic auth; each reads its own
+    ``OTEL_EXPORTER_OTLP_<SIGNAL>_*`` variables before the generic ones, as the spec says."""
     env = os.environ if environ is None else environ
-    protocol = otlp.get("protocol") or _env(
-        env, "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"
-    )
+    var = _Variables(signal)
+    protocol = otlp.get("protocol") or _env(env, *var.names("PROTOCOL"))
     protocol = protocol or "http/protobuf"
     if protocol not in PROTOCOLS:
         raise ConfigError(
             f"otlp protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r} "
-            "(from the config or OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL)"
+            f"(from the config or {var.shown('PROTOCOL')})"
         )
-    endpoint, basic_auth = _split_userinfo(_endpoint(otlp.get("endpoint"), protocol, env))
-    headers = _headers(otlp.get("headers"), env)
+    endpoint, basic_auth = _split_userinfo(_endpoint(otlp.get("endpoint"), protocol, env, var))
+    headers = _headers(otlp.get("headers"), env, var)
     if basic_auth is not None:
         # The endpoint's ``user:password@`` becomes the Basic auth header HTTP clients derive from
         # it, so that the endpoint itself (shown in log lines and errors) carries no secret. An
@@ -99,7 +107,7 @@ def resolve_otlp(otlp: Mapping[str, Any], environ: Mapping[str, str] | None = No
     return OtlpSettings(
         protocol=protocol,
         endpoint=endpoint,
-        timeout_s=_timeout(otlp.get("timeout"), env),
+        timeout_s=_timeout(otlp.get("timeout"), env, var),
         interval_s=_interval(otlp.get("interval"), env),
         headers=headers,
         insecure=_insecure(otlp.get("insecure")),
@@ -195,6 +203,79 @@ def build_exporter(settings: OtlpSettings) -> Any:
     return GrpcMetricExporter(insecure=settings.insecure, **common)
 
 
+def build_span_exporter(settings: OtlpSettings, meter_provider: Any = None) -> Any:
+    """The SDK's OTLP span exporter for ``settings`` (resolved with ``signal="traces"``)."""
+    common: dict[str, Any] = {
+        "endpoint": settings.endpoint,
+        "headers": settings.headers or None,
+        "timeout": settings.timeout_s,
+    }
+    if settings.protocol == "http/protobuf":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:
+            raise ConfigError(
+                "tracing over otlp needs 'opentelemetry-exporter-otlp-proto-http': "
+                "pip install 'otel-rl[otlp]'"
+            ) from exc
+        return OTLPSpanExporter(**common, meter_provider=meter_provider)
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+    except ImportError as exc:
+        raise ConfigError(
+            "tracing over otlp with protocol grpc needs "
+            "'opentelemetry-exporter-otlp-proto-grpc': pip install 'otel-rl[otlp]'"
+        ) from exc
+    return GrpcSpanExporter(insecure=settings.insecure, **common)
+
+
+def build_log_exporter(settings: OtlpSettings) -> Any:
+    """The SDK's OTLP log-record exporter for ``settings`` (resolved with ``signal="logs"``)."""
+    common: dict[str, Any] = {
+        "endpoint": settings.endpoint,
+        "headers": settings.headers or None,
+        "timeout": settings.timeout_s,
+    }
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+
+        return OTLPLogExporter(insecure=settings.insecure, **common)
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import (
+        OTLPLogExporter as HttpLogExporter,
+    )
+
+    return HttpLogExporter(**common)
+
+
+@dataclass(frozen=True)
+class _Variables:
+    """The ``OTEL_EXPORTER_OTLP_*`` variables of one signal, signal-specific first."""
+
+    signal: str
+
+    def __post_init__(self) -> None:
+        if self.signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
+
+    def names(self, setting: str) -> tuple[str, str]:
+        return (
+            f"OTEL_EXPORTER_OTLP_{self.signal.upper()}_{setting}",
+            f"OTEL_EXPORTER_OTLP_{setting}",
+        )
+
+    def shown(self, setting: str) -> str:
+        return f"OTEL_EXPORTER_OTLP_[{self.signal.upper()}_]{setting}"
+
+    def with_path(self, base: str) -> str:
+        """``base`` (a collector's URL, perhaps with another signal's path) + ``/v1/<signal>``."""
+        base = base.rstrip("/")
+        for signal in SIGNALS:
+            base = base.removesuffix(f"/v1/{signal}")
+        return f"{base}/v1/{self.signal}"
+
+
 def _env(env: Mapping[str, str], *names: str) -> str | None:
     for name in names:
         value = env.get(name, "").strip()
@@ -203,20 +284,19 @@ def _env(env: Mapping[str, str], *names: str) -> str | None:
     return None
 
 
-def _endpoint(configured: str | None, protocol: str, env: Mapping[str, str]) -> str:
+def _endpoint(
+    configured: str | None, protocol: str, env: Mapping[str, str], var: _Variables
+) -> str:
+    specific_name, generic_name = var.names("ENDPOINT")
     if protocol == "grpc":
-        return str(
-            configured
-            or _env(env, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-            or DEFAULT_GRPC_ENDPOINT
-        )
+        return str(configured or _env(env, specific_name, generic_name) or DEFAULT_GRPC_ENDPOINT)
     if configured:
-        return _with_metrics_path(str(configured))
+        return var.with_path(str(configured))
     # Per the spec, the signal-specific variable is the full URL; the generic one is a base.
-    specific = _env(env, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+    specific = _env(env, specific_name)
     if specific:
         return specific
-    return _with_metrics_path(_env(env, "OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_HTTP_ENDPOINT)
+    return var.with_path(_env(env, generic_name) or DEFAULT_HTTP_ENDPOINT)
 
 
 def _split_userinfo(endpoint: str) -> tuple[str, str | None]:
@@ -231,24 +311,19 @@ def _split_userinfo(endpoint: str) -> tuple[str, str | None]:
     return stripped, "Basic " + base64.b64encode(credentials).decode("ascii")
 
 
-def _with_metrics_path(base: str) -> str:
-    base = base.rstrip("/")
-    return base if base.endswith(_HTTP_METRICS_PATH) else base + _HTTP_METRICS_PATH
-
-
-def _timeout(configured: Any, env: Mapping[str, str]) -> float:
+def _timeout(configured: Any, env: Mapping[str, str], var: _Variables) -> float:
     if configured is not None:
         return _positive(configured, "otlp.timeout")
-    raw = _env(env, "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+    raw = _env(env, *var.names("TIMEOUT"))
     if raw is None:
         return DEFAULT_TIMEOUT_S
-    seconds = _positive(raw, "OTEL_EXPORTER_OTLP_[METRICS_]TIMEOUT")
+    seconds = _positive(raw, var.shown("TIMEOUT"))
     if seconds > _TIMEOUT_LOOKS_LIKE_MS:
         _log.warning(
-            "otel-rl: OTEL_EXPORTER_OTLP_[METRICS_]TIMEOUT=%s is read in seconds (as the Python "
-            "OTel SDK reads it); a value in milliseconds makes shutdown wait that long",
-            raw,
-        )
+            "otel-rl: %s=%s is read in seconds (as the Python OTel SDK reads it); a value in "
+            "milliseconds makes shutdown wait that long",
+            var.shown("TIMEOUT"), raw,
+        )  # fmt: skip
     return seconds
 
 
@@ -261,10 +336,12 @@ def _interval(configured: Any, env: Mapping[str, str]) -> float:
     return _positive(raw, "OTEL_METRIC_EXPORT_INTERVAL") / 1000  # milliseconds, as the spec says
 
 
-def _headers(configured: Mapping[str, Any] | None, env: Mapping[str, str]) -> dict[str, str]:
+def _headers(
+    configured: Mapping[str, Any] | None, env: Mapping[str, str], var: _Variables
+) -> dict[str, str]:
     from opentelemetry.util.re import parse_env_headers
 
-    raw = _env(env, "OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
+    raw = _env(env, *var.names("HEADERS"))
     merged = {k.lower(): v for k, v in parse_env_headers(raw or "", liberal=True).items()}
     merged.update({str(k).lower(): str(v) for k, v in (configured or {}).items()})
     return merged

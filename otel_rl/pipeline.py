@@ -77,7 +77,6 @@ class Pipeline:
         self.prometheus_url: str | None = None
         self.otlp_endpoint: str | None = None
         #: The resolved OTLP settings (``otlp.enabled``), else ``None``.
-        self.otlp_settings: Any = None
         try:
             self._build(cfg, resource)
         except BaseException:
@@ -94,7 +93,6 @@ class Pipeline:
             otlp = OtlpOutput(cfg["otlp"], providers=2)
             self._closers.append(otlp.close)
             self.otlp_endpoint = otlp.settings.endpoint
-            self.otlp_settings = otlp.settings
         if cfg["prometheus"]["enabled"]:
             self._add_prometheus(cfg["prometheus"], main_readers, side_readers)
         if otlp is not None:

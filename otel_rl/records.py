@@ -393,15 +393,6 @@ def _with_attributes(base: str, attributes: Mapping[str, Any] | None) -> str:
     return f"{base}{{{inner}}}"
 
 
-def is_scalar(value: RowValue) -> bool:
-    return type(value) is float
-
-
-def scalar_rows(rows: Mapping[str, RowValue]) -> dict[str, float]:
-    """Only the float values of a row (what a scalar-only tracker can store)."""
-    return {k: v for k, v in rows.items() if type(v) is float}
-
-
 @dataclass(frozen=True)
 class CountedHistogram(HistogramValue):
     """A histogram of logged values, with how many of them no bucket could hold: NaN has no

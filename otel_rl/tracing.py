@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from otel_rl import timing
-from otel_rl.errors import ConfigError
 from otel_rl.records import OWN_SCOPE
 
 if TYPE_CHECKING:
@@ -44,8 +43,6 @@ TRACE_ID_KEY = "trace_id"
 # ``OTEL_TRACES_EXPORTER=none``) and the resource naming this process (service, node, pid).
 _hook: dict[str, Any] = {}
 
-_DEFAULT_HTTP = "http://127.0.0.1:4318"
-_DEFAULT_GRPC = "http://127.0.0.1:4317"
 
 
 def build_tracer_provider(
@@ -526,59 +523,13 @@ def use_trace_carrier(carrier: Mapping[str, str] | None) -> Iterator[None]:
 
 
 def otlp_span_exporter(otlp: Mapping[str, Any], meter_provider: Any = None) -> Any:
-    """An OTLP span exporter configured like the metric one (same endpoint, headers, timeout).
+    """An OTLP span exporter configured like the metric one (same collector, headers and Basic
+    auth, timeout; ``OTEL_EXPORTER_OTLP_TRACES_*`` before the generic variables).
 
     A collector that is down costs one warning (shared with the run's metrics to the same
     collector) instead of the SDK's lines at every batch (:class:`otel_rl.otlp.ExportWatch`).
     """
-    from otel_rl.otlp import WatchedSpanExporter
+    from otel_rl.otlp import WatchedSpanExporter, build_span_exporter, resolve_otlp
 
-    return WatchedSpanExporter(_sdk_span_exporter(otlp, meter_provider))
-
-
-def _sdk_span_exporter(otlp: Mapping[str, Any], meter_provider: Any) -> Any:
-    protocol = (
-        otlp.get("protocol")
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    )
-    endpoint = otlp.get("endpoint")
-    headers = dict(otlp.get("headers") or {}) or None
-    # unset: the exporter reads OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT itself
-    timeout = float(otlp["timeout"]) if otlp.get("timeout") is not None else None
-    env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT"
-    )
-    if protocol == "http/protobuf":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError as exc:
-            raise ConfigError(
-                "tracing over otlp needs 'opentelemetry-exporter-otlp-proto-http': "
-                "pip install 'otel-rl[otlp]'"
-            ) from exc
-        if endpoint is None and not env_endpoint:
-            endpoint = _DEFAULT_HTTP
-        if endpoint is not None:
-            base = endpoint.rstrip("/").removesuffix("/v1/metrics")
-            endpoint = base if base.endswith("/v1/traces") else base + "/v1/traces"
-        return OTLPSpanExporter(
-            endpoint=endpoint, headers=headers, timeout=timeout, meter_provider=meter_provider
-        )
-    if protocol == "grpc":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter as GrpcSpanExporter,
-            )
-        except ImportError as exc:
-            raise ConfigError(
-                "tracing over otlp with protocol grpc needs "
-                "'opentelemetry-exporter-otlp-proto-grpc': pip install 'otel-rl[otlp]'"
-            ) from exc
-        if endpoint is None and not env_endpoint:
-            endpoint = _DEFAULT_GRPC
-        return GrpcSpanExporter(
-            endpoint=endpoint, headers=headers, timeout=timeout, insecure=otlp.get("insecure")
-        )
-    raise ConfigError(f"otlp.protocol must be 'http/protobuf' or 'grpc', got {protocol!r}")
+    settings = resolve_otlp(otlp, signal="traces")
+    return WatchedSpanExporter(build_span_exporter(settings, meter_provider))

@@ -235,8 +235,8 @@ class OtlpLogRecords:
     """OTel log records for the run's events, pushed to the OTLP endpoint's ``/v1/logs`` (HTTP)
     or its gRPC logs service, with the run's resource; built on the first event."""
 
-    def __init__(self, settings: Any, resource: Any) -> None:
-        self._settings = settings
+    def __init__(self, otlp: Mapping[str, Any], resource: Any) -> None:
+        self._otlp = otlp  # the ``otlp:`` config section
         self._resource = resource
         self._provider: Any = None
         self._logger: Any = None
@@ -279,27 +279,9 @@ class OtlpLogRecords:
         from opentelemetry.sdk._logs import LoggerProvider
         from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
-        settings = self._settings
-        exporter: Any
-        if settings.protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+        from otel_rl.otlp import WatchedLogExporter, build_log_exporter, resolve_otlp
 
-            exporter = OTLPLogExporter(
-                endpoint=settings.endpoint,
-                headers=settings.headers or None,
-                timeout=settings.timeout_s,
-                insecure=settings.insecure,
-            )
-        else:
-            from opentelemetry.exporter.otlp.proto.http._log_exporter import (
-                OTLPLogExporter as HttpLogExporter,
-            )
-
-            endpoint = settings.endpoint.removesuffix("/v1/metrics") + "/v1/logs"
-            exporter = HttpLogExporter(endpoint=endpoint, headers=settings.headers or None,
-                                       timeout=settings.timeout_s)  # fmt: skip
-        from otel_rl.otlp import WatchedLogExporter
-
+        exporter = build_log_exporter(resolve_otlp(self._otlp, signal="logs"))
         self._provider = LoggerProvider(resource=self._resource, shutdown_on_exit=False)
         # A collector that is down costs the one warning the metrics path gives, not a line each;
         # and the export runs on the processor's thread, never holding up the watchdog's.

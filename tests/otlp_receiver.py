@@ -127,9 +127,13 @@ class OtlpHttpReceiver(_Store):
 
         self.spans: list[tuple[dict[str, Any], Any]] = []
         self.logs: list[tuple[dict[str, Any], Any]] = []
+        #: The request headers of each export of spans and of log records, in order.
+        self.span_headers: list[dict[str, str]] = []
+        self.log_headers: list[dict[str, str]] = []
 
         def add_spans(request: Any, headers: dict[str, str]) -> None:
             with self._cond:
+                self.span_headers.append(headers)
                 for resource_spans in request.resource_spans:
                     resource = attributes_of(resource_spans.resource.attributes)
                     for scope_spans in resource_spans.scope_spans:
@@ -137,6 +141,7 @@ class OtlpHttpReceiver(_Store):
                 self._cond.notify_all()
 
         def add_logs(request: Any, headers: dict[str, str]) -> None:
+            self.log_headers.append(headers)
             for resource_logs in request.resource_logs:
                 resource = attributes_of(resource_logs.resource.attributes)
                 for scope_logs in resource_logs.scope_logs:

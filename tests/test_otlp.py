@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import urllib.request
 
 import pytest
@@ -148,6 +149,73 @@ def test_env_endpoint_and_merged_headers(tmp_path, http_receiver, clean_otel_env
     headers = http_receiver.received[0].headers
     assert headers["x-team"] == "rl"
     assert headers["x-token"] == "from-config"
+
+
+def test_spans_and_log_records_carry_the_same_auth_and_headers_as_metrics(
+    tmp_path, http_receiver, clean_otel_env
+):
+    """Metrics, the timers' spans and the run's events go to one collector with one set of
+    credentials: the endpoint's ``user:password@`` (sent as Basic auth) and the config's headers
+    merged over the env's, each signal's own variable before the generic one. One resolution
+    (``resolve_otlp(signal=...)``) serves the three, so they cannot drift apart."""
+    from otel_rl.records import Event
+    from otel_rl.watch import OtlpLogRecords
+
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-team=rl,x-tenant=from-env")
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-signal=traces")
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_LOGS_HEADERS", "x-signal=logs")
+    endpoint = http_receiver.endpoint.replace("http://", "http://bob:p%40ss@")
+    otlp = {"endpoint": endpoint, "headers": {"X-Tenant": "from-config"}}
+    logger = Logger(_config(tmp_path, otlp, tracing={"enabled": True}))
+    with logger.timer("generation"):
+        pass
+    logger.log_metrics({"loss": 0.5}, step=0)
+    logger.finish()
+    records = OtlpLogRecords({**_config(tmp_path, otlp)["otlp"]}, logger._pipeline.resource)
+    records.emit(Event(name="otel_rl/stall", step=3, title="stalled", text="no step"), {})
+    records.shutdown(5.0)
+
+    basic = "Basic " + base64.b64encode(b"bob:p@ss").decode()
+    assert http_receiver.last_point("loss").as_double == 0.5
+    assert {s.name for _, s in http_receiver.wait_for_spans(2)} >= {"generation", "rl.step"}
+    assert http_receiver.logs[0][1].body.string_value == "no step"
+    signals = {
+        "metrics": http_receiver.received[0].headers,
+        "traces": http_receiver.span_headers[0],
+        "logs": http_receiver.log_headers[0],
+    }
+    for signal, headers in signals.items():
+        assert headers["authorization"] == basic, signal
+        assert headers["x-tenant"] == "from-config", signal
+    # A signal's own variable replaces the generic one (the spec's order), as for metrics.
+    assert signals["metrics"]["x-team"] == "rl" and "x-signal" not in signals["metrics"]
+    assert signals["traces"]["x-signal"] == "traces" and "x-team" not in signals["traces"]
+    assert signals["logs"]["x-signal"] == "logs" and "x-team" not in signals["logs"]
+
+
+def test_each_signal_reads_its_own_variables_before_the_generic_ones():
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:9999/custom",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "7",
+        "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT": "2",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+    }
+    metrics = resolve_otlp({}, environ=env)
+    traces = resolve_otlp({}, environ=env, signal="traces")
+    logs = resolve_otlp({}, environ=env, signal="logs")
+    assert (metrics.protocol, metrics.endpoint, metrics.timeout_s) == (
+        "http/protobuf", "http://collector:4318/v1/metrics", 7.0,
+    )  # fmt: skip
+    assert (traces.protocol, traces.endpoint) == ("grpc", "http://traces:9999/custom")
+    assert (logs.endpoint, logs.timeout_s) == ("http://collector:4318/v1/logs", 2.0)
+    # A configured endpoint is the collector's base, whichever signal's path it names.
+    for given in ("http://c:4318", "http://c:4318/", "http://c:4318/v1/metrics"):
+        assert resolve_otlp({"endpoint": given}, environ={}, signal="traces").endpoint == (
+            "http://c:4318/v1/traces"
+        )
+    with pytest.raises(ConfigError, match=r"OTEL_EXPORTER_OTLP_\[TRACES_\]PROTOCOL"):
+        resolve_otlp({}, environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "json"}, signal="traces")
 
 
 def test_config_endpoint_wins_over_env(tmp_path, http_receiver, clean_otel_env):
