@@ -28,7 +28,8 @@ from opentelemetry.sdk.metrics.export import (
 )
 from otel_rl.exporters.step_order import StepOrder
 
-from otel_rl.delivery import Delivery, ExportOptions
+from otel_rl.delivery import Delivery
+from otel_rl.export_options import ExportOptions
 from otel_rl.failures import Failure, RowRejected, classify, describe_losses, losses
 from otel_rl.fork_safe_log import log as _log
 from otel_rl.records import Event, Record, RowValue, StepBatch, TableRows, scoped_metrics

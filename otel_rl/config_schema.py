@@ -43,6 +43,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from otel_rl.errors import ConfigError, shorten
+from otel_rl.export_options import SHUTDOWN_TIMEOUT, ExportOptions
 
 # ---- value types ---------------------------------------------------------------------------
 
@@ -264,24 +265,30 @@ class OtlpSection(Section):
 
 
 class ExportSection(Section):
-    queue_size: int = _field(10_000, "records each tracker may hold in memory", ge=1)
+    queue_size: int = _field(
+        ExportOptions.queue_size, "records each tracker may hold in memory", ge=1
+    )
     on_full: Literal["spool", "block", "drop_oldest"] = _field(
-        "spool",
+        ExportOptions.on_full,
         "what a full queue does ([reliability.md](reliability.md#backpressure-exporton_full))",
     )
     shutdown_timeout: float = _field(
-        30.0,
+        SHUTDOWN_TIMEOUT,
         "deadline of `finish()` and exit: every part gives up at it",
         shown_type="seconds",
         ge=0,
         le=MAX_SECONDS,
     )
     retry_max_backoff: Seconds = _field(
-        10.0, "ceiling of the exponential retry backoff", shown_type="seconds"
+        ExportOptions.retry_max_backoff,
+        "ceiling of the exponential retry backoff",
+        shown_type="seconds",
     )
     spool: bool = _field(True, "write-ahead log per tracker under `<log_dir>/.otel-rl/spool/`")
     fsync_interval: Seconds = _field(
-        1.0, "how often the spool and its delivery marks are fsynced", shown_type="seconds"
+        ExportOptions.fsync_interval,
+        "how often the spool and its delivery marks are fsynced",
+        shown_type="seconds",
     )
     handle_signals: bool = _field(True, "SIGTERM drains the trackers (`SystemExit(143)`)")
 

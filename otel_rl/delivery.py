@@ -21,10 +21,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_rl.export_options import ExportOptions
 from otel_rl.failures import Failure, count_loss
 from otel_rl.fork_safe_log import log as _log
 from otel_rl.records import StepBatch
@@ -32,27 +32,7 @@ from otel_rl.spool import Spool
 from otel_rl.spool_feed import SpoolFeed
 from otel_rl.tracker_writer import TrackerHooks, TrackerWriter
 
-__all__ = ["ON_FULL", "Delivery", "ExportOptions"]
-
-
-ON_FULL = ("spool", "block", "drop_oldest")
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    """The ``export.*`` settings one tracker's delivery follows."""
-
-    queue_size: int = 10_000
-    on_full: str = "spool"
-    retry_max_backoff: float = 10.0
-    fsync_interval: float = 1.0
-    #: The run's ``export.shutdown_timeout``, which the exit message names (a Logger's
-    #: ``finish()`` gives a tracker what is left of it; None: the timeout ``shutdown`` is given).
-    shutdown_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.on_full not in ON_FULL:
-            raise ValueError(f"on_full must be one of {', '.join(ON_FULL)}, got {self.on_full!r}")
+__all__ = ["Delivery", "ExportOptions"]
 
 
 class Delivery:
@@ -65,13 +45,14 @@ class Delivery:
         *,
         hooks: TrackerHooks,
         max_batch: int = 1,
-        options: ExportOptions = ExportOptions(),
+        options: ExportOptions | None = None,
         spool_dir: str | Path | None = None,
         stats: dict[str, int] | None = None,
         warn_once: Callable[..., None],
     ) -> None:
         self.name = name
         self._max_batch = max(1, max_batch)
+        options = options or ExportOptions()
         self._queue_size = max(1, options.queue_size)
         self._on_full = options.on_full
         if spool_dir is None and options.on_full == "spool":

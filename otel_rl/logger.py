@@ -26,9 +26,9 @@ from otel_rl.deadline import (
     still_stopping,
     stop_in_parallel,
 )
-from otel_rl.delivery import ExportOptions
 from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.errors import ConfigError, MetricError, MetricReporter
+from otel_rl.export_options import ExportOptions
 from otel_rl.fanout import Fanout
 from otel_rl.fork_safe_log import log as _log
 from otel_rl.keys import KeyCollisionError, KeyRegistry
