@@ -87,11 +87,12 @@ def import_sdks() -> None:
     from torch.utils.tensorboard import SummaryWriter  # noqa: F401
 
 
-def percentile(values: list[float], pct: int) -> float:
-    """The ``pct``-th percentile, interpolated between measured values (never beyond them)."""
+def percentile(values: list[float], pct: float) -> float:
+    """The ``pct``-th percentile (to a tenth: 99.9), interpolated between measured values
+    (never beyond them)."""
     if len(values) < 2:
         return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[pct - 1]
+    return statistics.quantiles(values, n=1000, method="inclusive")[round(pct * 10) - 1]
 
 
 # ---- ours -------------------------------------------------------------------------------------
