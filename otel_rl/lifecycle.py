@@ -529,21 +529,7 @@ def _after_fork_in_child() -> None:
 
 def _disable_in_child(logger: Any) -> None:
     parent = os.getppid()
-    # Locks possibly held by a parent thread at fork: never wait on them.
-    fresh = threading.RLock()
-    steps = getattr(logger, "_steps", None)
-    if steps is not None:
-        steps.lock, steps.closed = fresh, True
-    logger._lock = fresh
-    logger._finished = True
-    router = getattr(logger, "_router", None)
-    pipeline = getattr(logger, "_pipeline", None)
-    if router is not None and pipeline is not None:
-        router.unroute(pipeline.provider)
-    for exporter in getattr(logger, "exporters", ()):
-        abandon = getattr(exporter, "abandon_after_fork", None)
-        if abandon is not None:
-            abandon()
+    logger.abandon_after_fork()
     warned: list[bool] = []
 
     def disabled(name: str) -> Any:

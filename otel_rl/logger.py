@@ -6,6 +6,7 @@ import atexit
 import inspect
 import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -417,6 +418,21 @@ class Logger:
         # Last, so that a signal during the drain still finds our handler; the signals go back
         # to their previous handlers only if the application did not install its own since.
         lifecycle.unregister(self)
+
+    def abandon_after_fork(self) -> None:
+        """In a fork child, which does not own the run: drop the locks a parent thread may have
+        held at the fork, stop routing the global meters here and let the exporters forget the
+        parent's threads. Nothing reaches the trackers from this process afterwards."""
+        fresh = threading.RLock()
+        self._steps.lock, self._steps.closed = fresh, True
+        self._lock = fresh
+        self._finished = True
+        if self._router is not None:
+            self._router.unroute(self._pipeline.provider)
+        for exporter in self.exporters:
+            abandon = getattr(exporter, "abandon_after_fork", None)
+            if abandon is not None:
+                abandon()
 
     def __enter__(self) -> Logger:
         return self
