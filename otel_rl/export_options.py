@@ -3,7 +3,9 @@ they are declared (the config schema takes its defaults from here)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 ON_FULL = ("spool", "block", "drop_oldest")
 #: ``export.shutdown_timeout``: the deadline of ``finish()`` and exit, in seconds.
@@ -21,6 +23,17 @@ class ExportOptions:
     #: The run's ``export.shutdown_timeout``, which the exit message names (a Logger's
     #: ``finish()`` gives a tracker what is left of it; None: the timeout ``shutdown`` is given).
     shutdown_timeout: float | None = None
+
+    @classmethod
+    def from_section(cls, export: Mapping[str, Any]) -> ExportOptions:
+        """The options of a resolved ``export:`` config section."""
+        return cls(
+            queue_size=int(export["queue_size"]),
+            on_full=str(export["on_full"]),
+            retry_max_backoff=float(export["retry_max_backoff"]),
+            fsync_interval=float(export["fsync_interval"]),
+            shutdown_timeout=float(export["shutdown_timeout"]),
+        )
 
     def __post_init__(self) -> None:
         if self.on_full not in ON_FULL:

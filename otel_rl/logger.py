@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import atexit
-import inspect
 import math
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,13 +25,13 @@ from otel_rl.deadline import (
     stop_in_parallel,
 )
 from otel_rl.distributed.reductions import ReductionRules
-from otel_rl.errors import ConfigError, MetricError, MetricReporter
+from otel_rl.errors import MetricError, MetricReporter
 from otel_rl.export_options import ExportOptions
 from otel_rl.fanout import Fanout
 from otel_rl.fork_safe_log import log as _log
 from otel_rl.keys import KeyCollisionError, KeyRegistry
 from otel_rl.lifecycle import exit_code_hint, exit_code_of, weak_atexit
-from otel_rl.paths import folder_name, safe_relative
+from otel_rl.paths import safe_relative
 from otel_rl.pipeline import Pipeline, build_resource
 from otel_rl.records import (
     OWN_SCOPE,
@@ -45,11 +42,10 @@ from otel_rl.records import (
     histogram_of,
     rows_from_metrics,
 )
-from otel_rl.redaction import compile_patterns, flatten_params, redact, redact_nested
-from otel_rl.registry import enabled_backends, exporter_class
+from otel_rl.redaction import compile_patterns, flatten_params, redact
 from otel_rl.routing import global_router
+from otel_rl.run_trackers import RunTrackers
 from otel_rl.self_telemetry import install_self_telemetry
-from otel_rl.spool import SpoolBusy, holder_of, spool_root, waiting_records
 from otel_rl.steps import StepAssembler, checked_step
 from otel_rl.timing import Timer, TimerFactory
 from otel_rl.tracing import StepSpans, build_tracer_provider
@@ -92,25 +88,18 @@ class Logger:
         self._redaction = compile_patterns(tuple(cfg["redaction"]["extra_patterns"]))
         export = cfg["export"]
         self._shutdown_timeout = float(export["shutdown_timeout"])
-        options = ExportOptions(
-            queue_size=int(export["queue_size"]),
-            on_full=str(export["on_full"]),
-            retry_max_backoff=float(export["retry_max_backoff"]),
-            fsync_interval=float(export["fsync_interval"]),
-            shutdown_timeout=self._shutdown_timeout,
-        )
-        classes = [exporter_class(name) for name in enabled_backends(cfg)]
-        self.exporters = [cls.from_config(cfg) for cls in classes]
-        self.exporters.extend(exporters)
-        self._spool_folders: set[str] = set()
+        self._trackers = trackers = RunTrackers(
+            cfg, exporters, run_id=self.run_id, redaction=self._redaction,
+            options=ExportOptions.from_section(export),
+        )  # fmt: skip
+        self.exporters = trackers.exporters
         # What can refuse the run (a port in use, the OTLP environment) comes before any
         # tracker thread starts: a Logger() that raises leaves nothing running.
         self._pipeline = Pipeline(cfg, build_resource(cfg, self.run_id))
         try:
-            for exporter in self.exporters:  # the same export.* for every exporter
-                self._attach(exporter, options)
+            trackers.start()
         except BaseException:
-            self._abandon_start()
+            self._pipeline.shutdown(timeout_millis=1000)
             raise
         self._fanout = Fanout(self.exporters)
 
@@ -396,11 +385,7 @@ class Logger:
         late = stop_in_parallel(self._sources_stopping(sources_by), sources_by.at)
         if self._router is not None:
             self._router.unroute(self._pipeline.provider)
-        trackers = start_stopping([
-            (f"tracker {getattr(e, 'name', type(e).__name__)}",
-             partial(_shutdown_exporter, e, deadline, code))
-            for e in self.exporters
-        ])  # fmt: skip
+        trackers = start_stopping(self._trackers.stopping(deadline, code))
         otel = start_stopping([
             ("OTel pipeline", lambda: self._pipeline.shutdown(deadline.left() * 1000)),
             ("tracing", self._close_tracing),
@@ -462,76 +447,6 @@ class Logger:
             self._step_spans.close()
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
-
-    def _attach(self, exporter: Any, options: ExportOptions) -> None:
-        if not hasattr(exporter, "attach"):
-            return  # a duck-typed exporter with its own delivery
-        if exporter.started:
-            _log.warning(
-                "otel-rl: exporter %s was started before it was given to the Logger; it keeps "
-                "its own export options and spool", exporter.name,
-            )  # fmt: skip
-            return
-        spool = self._spool_options(exporter.name)
-        # A tracker of one's own may override attach() without the redaction keyword.
-        if "redaction" in inspect.signature(exporter.attach).parameters:
-            spool["redaction"] = self._redaction
-        exporter.attach(options, **spool)
-        try:
-            exporter.start()
-        except SpoolBusy as busy:
-            raise ConfigError(
-                f"run_id {self.run_id!r} is already in use in {self.log_dir}: its {exporter.name} "
-                f"spool is held by {busy.holder}; give each run its own run_id (or leave it "
-                "unset for a fresh one)"
-            ) from None
-
-    def _abandon_start(self) -> None:
-        """``Logger()`` failed half-way: stop the trackers started so far (nothing was logged to
-        them) and the operator outputs."""
-        deadline = Deadline(1.0)
-        started = [e for e in self.exporters if getattr(e, "started", False)]
-        stop_in_parallel(
-            [(f"tracker {e.name}", partial(_shutdown_exporter, e, deadline, 0)) for e in started],
-            deadline.at + SHUTDOWN_GRACE,
-        )
-        self._pipeline.shutdown(timeout_millis=1000)
-
-    def _spool_options(self, tracker: str) -> dict[str, Any]:
-        if not self.config["export"]["spool"]:
-            return {}
-        # Two exporters of one name (instances given twice) each get a spool of their own.
-        folder, n = folder_name(tracker), 2
-        while folder in self._spool_folders:
-            folder, n = f"{folder_name(tracker)}-{n}", n + 1
-        self._spool_folders.add(folder)
-        return {
-            "spool_dir": self._spool_dir_of(spool_root(self.log_dir) / folder, tracker),
-            "spool_meta": {
-                "run_id": self.run_id,
-                "log_dir": str(self.log_dir),
-                # Relative paths of the config start here (``otel-rl replay`` runs there).
-                "cwd": os.getcwd(),
-                "config": redact_nested(self.config, extra_patterns=self._redaction),
-            },
-        }
-
-    def _spool_dir_of(self, tracker_root: Path, tracker: str) -> Path:
-        """The run's spool folder for one tracker. The run id names a folder of its own
-        whatever it holds ("exp/1", ".."). A run started again with the run id of one that died
-        with records waiting (for ``otel-rl replay``) spools beside them, never over them: its
-        deliveries would otherwise mark the dead run's records done."""
-        base = tracker_root / folder_name(self.run_id)
-        directory, n = base, 2
-        while (waiting := waiting_records(directory)) and holder_of(directory) is None:
-            if directory == base:
-                _log.warning(
-                    "otel-rl: %s: run_id %r already has %d record(s) waiting in %s from an "
-                    "earlier process; they stay there for `otel-rl replay %s`, and this run "
-                    "spools beside them", tracker, self.run_id, waiting, base, self.log_dir,
-                )  # fmt: skip
-            directory, n = base.with_name(f"{base.name}%restart-{n}"), n + 1
-        return directory
 
     def _convert(self, datas: Sequence[Any]) -> dict[str, Any]:
         return rows_from_metrics(datas, self._key_of)
@@ -633,7 +548,3 @@ class Logger:
         except MetricError as exc:
             self._report(exc.key, exc.reason)  # raises in strict mode
             return None
-
-
-def _shutdown_exporter(exporter: Any, deadline: Deadline, exit_code: int) -> None:
-    exporter.shutdown(timeout_millis=deadline.left() * 1000, exit_code=exit_code)
