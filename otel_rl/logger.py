@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import math
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -14,12 +13,10 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.metrics import Observation
 
 from otel_rl import lifecycle
-from otel_rl.checkpoint import PendingStepCheckpointer
 from otel_rl.config import resolve_config
 from otel_rl.deadline import (
     SHUTDOWN_GRACE,
     Deadline,
-    Part,
     start_stopping,
     still_stopping,
     stop_in_parallel,
@@ -37,13 +34,13 @@ from otel_rl.records import (
     OWN_SCOPE,
     Hyperparams,
     Plot,
-    StepBatch,
     Table,
     histogram_of,
     rows_from_metrics,
 )
 from otel_rl.redaction import compile_patterns, flatten_params, redact
 from otel_rl.routing import global_router
+from otel_rl.run_sources import RunSources
 from otel_rl.run_trackers import RunTrackers
 from otel_rl.self_telemetry import install_self_telemetry
 from otel_rl.steps import StepAssembler, checked_step
@@ -54,8 +51,6 @@ from otel_rl.values import flatten_into
 if TYPE_CHECKING:
     from otel_rl.watch import RunWatch
 
-#: The x-axis of rollout rows (docs/rollout-monitoring.md).
-ROLLOUT_AXIS = "rollout/step"
 
 
 class Logger:
@@ -138,33 +133,22 @@ class Logger:
         )
         self._lock = self._steps.lock
         self._finished = False
-        # Copies the step still being logged to the spools, so that a crash during a long
-        # step loses at most export.fsync_interval of it (docs/reliability.md).
-        self._checkpointer = PendingStepCheckpointer(
-            float(export["fsync_interval"]) / 2, self._steps.snapshot, self._fanout
-        )
-        self._checkpointer.start()
         if self._pipeline.has_side_readers:
             install_self_telemetry(
                 self._side_meter, self.exporters, self.stats, lambda: self._steps.last_step
             )
+        self._sources = sources = RunSources(
+            cfg, run_id=self.run_id, pipeline=self._pipeline, fanout=self._fanout,
+            steps=self._steps, step_spans=self._step_spans,
+        )  # fmt: skip
         #: The Ray GPU/node monitor (``monitor_gpus: true``), else ``None``; see
         #: docs/gpu-monitoring.md. It scrapes on its own thread.
-        self.gpu_monitor: Any = None
-        if cfg["monitor_gpus"]:
-            from otel_rl.ray.bridge import GpuMonitor
-
-            self.gpu_monitor = GpuMonitor.from_config(
-                cfg, meter_provider=self._pipeline.side_provider, exporters=self._fanout
-            )
-            self.gpu_monitor.start()
+        self.gpu_monitor: Any = sources.gpu_monitor
         #: The inference-engine monitor (``rollout_monitoring``), else ``None``; see
         #: docs/rollout-monitoring.md. It scrapes on its own thread.
-        self.rollout_monitor: Any = self._build_rollout_monitor(cfg["rollout_monitoring"])
-        if self.rollout_monitor is not None:
-            self._steps.on_seal.append(self.rollout_monitor.mark_step)
+        self.rollout_monitor: Any = sources.rollout_monitor
         #: Stalls and stragglers (``stalls``): the watchdog's thread and what it tells.
-        self._watch: RunWatch | None = self._build_watch(cfg)
+        self._watch: RunWatch | None = sources.watch
         self._atexit = weak_atexit(self, lambda run: run.finish(exit_code=exit_code_hint()))
         # Signals raise only at safe points, sys.exit codes reach atexit, fork children disable
         # this Logger (otel_rl/lifecycle.py).
@@ -352,14 +336,10 @@ class Logger:
         """
         with self._lock:
             self._steps.seal(final=True)
-        deadline = time.monotonic() + (self._shutdown_timeout if timeout is None else timeout)
-        ok = True
-        if self.gpu_monitor is not None:
-            self.gpu_monitor.flush()
-        if self.rollout_monitor is not None:  # a scrape now closes the steps sealed so far
-            ok = self.rollout_monitor.flush(max(0.0, deadline - time.monotonic())) and ok
+        deadline = Deadline(self._shutdown_timeout if timeout is None else timeout)
+        ok = self._sources.flush(deadline)
         for exporter in self.exporters:
-            left = max(0.0, deadline - time.monotonic())
+            left = deadline.left()
             ok = exporter.force_flush(timeout_millis=left * 1000) and ok
         return ok
 
@@ -382,7 +362,7 @@ class Logger:
         # The sources' last rows must reach the trackers before these close, so the sources
         # stop first, within half the time: a hung endpoint leaves the trackers the rest.
         sources_by = deadline.share(0.5)
-        late = stop_in_parallel(self._sources_stopping(sources_by), sources_by.at)
+        late = stop_in_parallel(self._sources.stopping(sources_by), sources_by.at)
         if self._router is not None:
             self._router.unroute(self._pipeline.provider)
         trackers = start_stopping(self._trackers.stopping(deadline, code))
@@ -427,19 +407,6 @@ class Logger:
 
     # ---- internals ----------------------------------------------------------------------------
 
-    def _sources_stopping(self, deadline: Deadline) -> list[Part]:
-        """What feeds the trackers, with the calls that stop it by ``deadline`` (the last rows
-        of the GPU and rollout monitors and a pending stall's end are sent to the trackers)."""
-        parts: list[Part] = [("pending-step checkpoints", self._checkpointer.stop)]
-        watch, gpus, rollout = self._watch, self.gpu_monitor, self.rollout_monitor
-        if watch is not None:
-            parts.append(("stall watch", lambda: watch.stop(deadline.left())))
-        if gpus is not None:
-            parts.append(("GPU monitor", lambda: gpus.stop(deadline.left())))
-        if rollout is not None:
-            parts.append(("rollout monitor", lambda: rollout.close(timeout=deadline.left())))
-        return parts
-
     def _close_tracing(self) -> None:
         """End the open step spans, then send the spans (the tracer's shutdown has no timeout of
         its own: the deadline of ``finish()`` bounds it)."""
@@ -480,52 +447,6 @@ class Logger:
             return []
 
         return callback
-
-    def _build_rollout_monitor(self, section: Mapping[str, Any]) -> Any:
-        enabled = section["enabled"]
-        wanted = section["endpoints"] or section.get("source") == "ray"
-        if not (wanted if enabled is None else enabled):
-            return None
-        from otel_rl.rollout import RolloutMonitor
-
-        monitor = RolloutMonitor.from_config(section, emit=self._emit_rollout)
-        if section["sd_file"]:
-            monitor.keep_sd_file(section["sd_file"], {"otel_rl_run_id": self.run_id})
-        return monitor
-
-    def _build_watch(self, cfg: Mapping[str, Any]) -> RunWatch | None:
-        from otel_rl.watch import OtlpLogRecords, RunWatch
-
-        section = cfg["stalls"]
-        otlp = cfg["otlp"] if cfg["otlp"]["enabled"] else None
-        gpu = self.gpu_monitor
-        watch = RunWatch(
-            run_id=self.run_id,
-            log_dir=self.log_dir,
-            section=section,
-            send=self._fanout.send,
-            step_spans=self._step_spans,
-            log_records=OtlpLogRecords(otlp, self._pipeline.resource) if otlp else None,
-            gpu_latest=(lambda: gpu.scraper.latest) if gpu is not None else None,
-        )
-        if self._pipeline.has_side_readers:
-            from otel_rl.catalogue import SECONDS_SINCE_STEP, STALLED
-
-            attributes = {"run_id": self.run_id}
-            STALLED.create(
-                self._side_meter, [lambda options: [Observation(watch.stalled(), attributes)]]
-            )
-            SECONDS_SINCE_STEP.create(
-                self._side_meter,
-                [lambda options: [Observation(watch.seconds_since_step(), attributes)]],
-            )
-        return watch
-
-    def _emit_rollout(self, step: int, values: dict[str, float]) -> None:
-        """Rollout rows of a sealed step (monitor thread). They come after the step's own row,
-        so they are a row of their own on the ``rollout/step`` axis, whose value is the training
-        step: W&B plots them against it, the other trackers at the step itself."""
-        self._fanout.send(StepBatch(step=step, values=values, axis=ROLLOUT_AXIS))
 
     def _checked_record(self, name: Any, step: Any, what: str) -> int | None:
         """The step of a plot or table, or ``None`` (reported) when its name or step is refused.
