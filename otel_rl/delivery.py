@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from otel_rl.deadline import SHUTDOWN_GRACE
 from otel_rl.export_options import ExportOptions
 from otel_rl.failures import Failure, count_loss
 from otel_rl.fork_safe_log import log as _log
@@ -33,6 +34,11 @@ from otel_rl.spool_feed import SpoolFeed
 from otel_rl.tracker_writer import TrackerHooks, TrackerWriter
 
 __all__ = ["Delivery", "ExportOptions"]
+
+#: Seconds past the shutdown deadline for the spool to take what it was handed and for the
+#: tracker to close; a little under the Logger's grace, so that a tracker left behind is named
+#: here, with what it means, rather than only in the Logger's list.
+CLOSE_GRACE = 0.9 * SHUTDOWN_GRACE
 
 
 class Delivery:
@@ -76,6 +82,7 @@ class Delivery:
         self._inflight = 0  # records at the head of the queue being written
         self._stopping = False
         self._abort = False  # shutdown timed out: start no new write
+        self._abandoned = False  # a fork child's copy: never touch the tracker
         self._closed = False
         self._idle = True
         #: The permanent failure that stopped this tracker, if any.
@@ -150,7 +157,12 @@ class Delivery:
         return True
 
     def shutdown(self, timeout: float, exit_code: int) -> int:
-        """Drain within ``timeout`` seconds and close; returns how many records were left."""
+        """Drain within ``timeout`` seconds and close; returns how many records were left.
+
+        Past the deadline, two things still get up to ``CLOSE_GRACE`` seconds: the spool thread
+        writing what it was handed to the spool (local disk, and a record it has not written is
+        lost for good at exit), and the worker ending the write in flight and closing the
+        tracker's client. A worker stuck even then is named and left behind."""
         self.exit_code = exit_code
         with self._cond:
             if self._closed:
@@ -161,12 +173,20 @@ class Delivery:
             self._cond.notify_all()
         deadline = time.monotonic() + timeout
         if self._feed is not None and self._feed.thread.is_alive():  # it feeds the worker
-            self._feed.thread.join(max(0.0, deadline - time.monotonic()))
+            self._feed.thread.join(max(0.0, deadline + CLOSE_GRACE - time.monotonic()))
         self._worker.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
             self._abort = True  # a worker still busy starts no new write from here on
             self._closed = True
             self._cond.notify_all()
+        self._worker.join(max(0.0, deadline + CLOSE_GRACE - time.monotonic()))
+        if self._worker.is_alive():
+            _log.warning(
+                "otel-rl: %s: the tracker's SDK has not returned from a write or its close "
+                "%g s after export.shutdown_timeout; it is left behind (the records it had "
+                "not acknowledged stay in the spool)", self.name, CLOSE_GRACE,
+            )  # fmt: skip
+        with self._cond:
             if self._feed is None:
                 count_loss(self.stats, "exit_timeout", len(self._queue))
                 return len(self._queue)
@@ -328,7 +348,7 @@ class Delivery:
             self._feed.mark_done(upto)
 
     def _finish_worker(self) -> None:
-        if not self._abort:
+        if not self._abandoned:  # after a shutdown timeout too: the run's status is recorded
             self._writer.close(self.exit_code)
         if self._feed is not None:
             self._feed.close()
@@ -345,5 +365,5 @@ class Delivery:
         self._cond = threading.Condition()  # a parent thread may have held the old one at fork
         self._queue.clear()
         self._inflight = 0
-        self._stopping = self._abort = self._closed = True
+        self._stopping = self._abort = self._closed = self._abandoned = True
         self._idle = True

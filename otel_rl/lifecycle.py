@@ -86,7 +86,9 @@ _signal_users: weakref.WeakSet[Any] = weakref.WeakSet()  # live Loggers with han
 _previous: dict[int, Any] = {}  # the handlers ours replaced
 # The exit code the process is heading for, when known.
 _exit: dict[str, Any] = {"code": None, "last_value_at_start": None}
-_hooks_installed = {"excepthook": False, "sys.exit": False, "unraisablehook": False}
+_hooks_installed: dict[str, Any] = {
+    "excepthook": False, "sys.exit": False, "unraisablehook": False, "exit status": None,
+}
 
 
 @dataclass
@@ -260,6 +262,7 @@ def register(logger: Any, *, handle_signals: bool) -> None:
             return
         _signal_users.add(logger)
         _install_unraisablehook()
+        _install_exit_status_hook()
         if threading.current_thread() is not threading.main_thread():
             return
         _compute_roots()
@@ -271,6 +274,30 @@ def register(logger: Any, *, handle_signals: bool) -> None:
             signal.signal(signum, _on_signal)
             _previous[signum] = current
         _start_retry_thread()
+
+
+def _install_exit_status_hook() -> None:
+    """Once per process: registered before any Logger's own ``atexit`` drain, so it runs after
+    them all (``atexit`` is last-in, first-out)."""
+    if _hooks_installed["exit status"] == os.getpid():
+        return
+    _hooks_installed["exit status"] = os.getpid()
+    pid = os.getpid()
+
+    def exit_with_a_signal_held_during_the_drain() -> None:
+        # A SIGTERM/SIGINT that arrived while the interpreter's exit drained the trackers was
+        # held back so as not to cut the drain; the process still ends as that signal says
+        # (143/130), as it would have without otel-rl. The drains are done; only handlers
+        # registered before otel-rl's first Logger (logging's among them) are skipped.
+        pending = _pending
+        if pending is None or os.getpid() != pid:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(128 + pending.signum)
+
+    atexit.register(exit_with_a_signal_held_during_the_drain)
 
 
 def unregister(logger: Any) -> None:

@@ -133,6 +133,8 @@ class Logger:
         )
         self._lock = self._steps.lock
         self._finished = False
+        self._ending: int | None = None  # the thread ending the run
+        self._ended = threading.Event()
         if self._pipeline.has_side_readers:
             install_self_telemetry(
                 self._side_meter, self.exporters, self.stats, lambda: self._steps.last_step
@@ -149,10 +151,10 @@ class Logger:
         self.rollout_monitor: Any = sources.rollout_monitor
         #: Stalls and stragglers (``stalls``): the watchdog's thread and what it tells.
         self._watch: RunWatch | None = sources.watch
-        self._atexit = weak_atexit(self, lambda run: run.finish(exit_code=exit_code_hint()))
         # Signals raise only at safe points, sys.exit codes reach atexit, fork children disable
-        # this Logger (otel_rl/lifecycle.py).
+        # this Logger (otel_rl/lifecycle.py). Before our atexit drain, whose hooks run after it.
         lifecycle.register(self, handle_signals=bool(export["handle_signals"]))
+        self._atexit = weak_atexit(self, lambda run: run.finish(exit_code=exit_code_hint()))
 
     @property
     def fanout(self) -> Fanout:
@@ -354,9 +356,22 @@ class Logger:
         """
         code = lifecycle.exit_code_now() if exit_code is None else int(exit_code)
         with self._lock:
-            if not self._steps.close():
-                return
-            self._finished = True
+            first = self._steps.close()
+            if first:
+                self._finished = True
+                self._ending = threading.get_ident()
+        if not first:
+            # Another thread is ending the run (a daemon thread, then atexit): returning now
+            # would let the process exit in the middle of its drain.
+            if self._ending not in (None, threading.get_ident()):
+                self._ended.wait(self._shutdown_timeout + SHUTDOWN_GRACE)
+            return
+        try:
+            self._end(code)
+        finally:
+            self._ended.set()
+
+    def _end(self, code: int) -> None:
         atexit.unregister(self._atexit)
         deadline = Deadline(self._shutdown_timeout)
         # The sources' last rows must reach the trackers before these close, so the sources

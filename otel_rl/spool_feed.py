@@ -136,7 +136,8 @@ class SpoolFeed:
 
     def undelivered_locked(self) -> int:
         """Records taken and not yet marked done: what the spool keeps for ``otel-rl replay``."""
-        return max(0, len(self._incoming) + self._spooled_upto - self.spool.acked_upto)
+        taken = len(self._incoming) + self._in_transit  # still in memory: lost at exit
+        return max(0, taken + self._spooled_upto - self.spool.acked_upto)
 
     def spill_locked(self, seq: int | None, *, queue_full: bool, on_full: str) -> bool:
         """Keep ``seq`` on disk only if it cannot join the queue now (or an earlier one could

@@ -19,9 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from otel_rl.exporters import TrackerExporter
 
+from otel_rl import Logger
 from otel_rl.deadline import Deadline, stop_in_parallel
 from tests.faults.fault_tracker import env_with_faultfile, read_rows, set_mode
+from tests.readers import jsonl_rows
 
 REPLAY = [sys.executable, "-m", "otel_rl.cli", "replay"]
 SHUTDOWN_TIMEOUT = 2.0
@@ -146,3 +149,105 @@ def test_a_deadline_shares_its_time_and_never_goes_negative():
     assert Deadline(-3).left() == 0.0
     passed = Deadline(0.0)
     assert passed.share(0.5).left() == 0.0
+
+
+class _Tracker(TrackerExporter):
+    """A tracker in memory whose writes and close take as long as the test says."""
+
+    name = "held"
+
+    def __init__(self, name: str, write_s: float = 0.0, close_hangs: bool = False) -> None:
+        self.name = name
+        self.write_s = write_s
+        self.release = threading.Event()
+        self.close_hangs = close_hangs
+        self.steps: list[int] = []
+        self.closed_with: int | None = None
+        super().__init__()
+
+    def write_step(self, step, rows, batch) -> None:
+        time.sleep(self.write_s)
+        self.steps.append(step)
+
+    def close(self, exit_code: int) -> None:
+        if self.close_hangs:
+            self.release.wait()
+        self.closed_with = exit_code
+
+
+def test_a_second_finish_waits_for_the_first_to_end_the_run(tmp_path):
+    """finish() from a daemon thread, then from the main thread (as atexit does): the second
+    returns only once the run has ended, never in the middle of the first one's drain."""
+    tracker = _Tracker("paced", write_s=0.05)
+    cfg = {"log_dir": str(tmp_path), "jsonl_enabled": False, "stalls": {"enabled": False}}
+    logger = Logger(cfg, exporters=[tracker])
+    for step in range(20):
+        logger.log_metrics({"x": float(step)}, step=step)
+    first = threading.Thread(target=logger.finish, daemon=True)
+    first.start()
+    time.sleep(0.1)  # the first one is draining (20 writes of 0.05 s)
+    logger.finish()
+    assert tracker.steps == list(range(20))
+    assert tracker.closed_with == 0
+    first.join(5)
+
+
+def test_a_tracker_stuck_in_its_close_is_named_and_one_late_in_a_write_is_still_closed(
+    tmp_path, caplog
+):
+    """Past the deadline a tracker has one more second: one whose write ends then is closed
+    with the run's exit code (its run status is recorded); one whose SDK never returns from
+    close() is named, and finish() returns by shutdown_timeout + 1 s all the same."""
+    late = _Tracker("late", write_s=0.0)
+    stuck = _Tracker("stuck", close_hangs=True)
+    logger = Logger({"log_dir": str(tmp_path), "jsonl_enabled": False,
+                     "export": {"shutdown_timeout": 0.5}, "stalls": {"enabled": False}},
+                    exporters=[late, stuck])  # fmt: skip
+    logger.log_metrics({"x": 0.0}, step=0, step_finished=True)
+    logger.flush()
+    late.write_s = 0.8  # the next write ends 0.3 s past the deadline
+    logger.log_metrics({"x": 1.0}, step=1, step_finished=True)
+    time.sleep(0.05)
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        began = time.monotonic()
+        logger.finish(exit_code=3)
+        took = time.monotonic() - began
+    stuck.release.set()
+    assert took < 0.5 + 1.0, took
+    assert late.steps == [0, 1] and late.closed_with == 3
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("otel-rl: stuck: the tracker's SDK has not returned") for m in messages)
+    assert not any(m.startswith("otel-rl: late: the tracker's SDK") for m in messages)
+
+
+def test_records_handed_over_before_a_short_deadline_still_reach_the_spool(tmp_path):
+    """A disk slower than ``export.shutdown_timeout`` (each spool append takes 0.3 s; a slow
+    disk on demand, which no real file system gives): what ``log_metrics`` handed over still
+    reaches the spool before the process exits, so replay delivers every step once (before,
+    the records the spool thread had not written by the deadline were lost for good)."""
+    log_dir = tmp_path / "logs"
+    child = textwrap.dedent(f"""
+        import time
+        from otel_rl import Logger
+        from otel_rl.spool import Spool
+        append = Spool.append
+        def slow_append(self, records):
+            time.sleep(0.3)
+            return append(self, records)
+        Spool.append = slow_append
+        cfg = {{"log_dir": {str(log_dir)!r}, "stalls": {{"enabled": False}},
+               "export": {{"shutdown_timeout": 0.05}}}}
+        logger = Logger(cfg)
+        for step in range(300):
+            logger.log_metrics({{"loss": float(step)}}, step=step)
+        logger.finish()
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = subprocess.run([*REPLAY, str(log_dir), "--no-progress"], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [(r["step"], r["metrics"]["loss"]) for r in jsonl_rows(log_dir / "metrics.jsonl")
+            if "loss" in r["metrics"]]  # fmt: skip
+    assert rows == [(step, float(step)) for step in range(300)]

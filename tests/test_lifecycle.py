@@ -335,20 +335,23 @@ if sys.argv[2] == "finish":
     logger.finish()
     print("after finish", flush=True)
     time.sleep(30)
-else:
+elif sys.argv[2] == "exit_drain":
     while True:
         time.sleep(0.01)
+# clean_exit: the script ends; the interpreter's exit drains the trackers
 """
 )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["finish", "exit_drain"])
+@pytest.mark.parametrize("case", ["finish", "exit_drain", "clean_exit"])
 def test_signals_during_finish_never_cut_the_drain(tmp_path, case):
     """``finish``: the program called finish() and SIGTERM+SIGINT arrive while it drains: every
     row is written, the tracker closed (with the code finish was given), then the process exits
     143. ``exit_drain``: a first SIGTERM ends the loop, more arrive during the atexit drain: the
-    drain completes and the run is closed with 143."""
+    drain completes and the run is closed with 143. ``clean_exit``: the script ends, the signals
+    arrive during the atexit drain: the drain completes (the run closed with the code it ended
+    with, 0) and the process still exits 143, as the signal says."""
     log_dir = tmp_path / "logs"
     child = subprocess.Popen(
         [sys.executable, "-c", _SLOW_TRACKER, str(log_dir), case],
@@ -373,7 +376,7 @@ def test_signals_during_finish_never_cut_the_drain(tmp_path, case):
     assert child.returncode == 143, stderr[-3000:]
     assert "after finish" not in stdout  # the signal took effect as soon as finish() returned
     lines = (log_dir / "slow.txt").read_text().splitlines()
-    closed_with = 0 if case == "finish" else 143
+    closed_with = 143 if case == "exit_drain" else 0
     assert lines == [f"{s} {float(s)}" for s in range(40)] + [f"closed {closed_with}"]
     rows = jsonl_rows(log_dir / "metrics.jsonl")
     assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [(s, float(s)) for s in range(40)]
