@@ -306,7 +306,8 @@ class TrackerExporter(MetricExporter):
             if error is not None:
                 text += f"; last error: {error.describe()}"
             text += (
-                "; lower export.shutdown_timeout to wait less at exit)." if timeout > 0 else
+                "; raise export.shutdown_timeout to deliver more before exit, lower it to wait "
+                "less)." if timeout > 0 else
                 ": finish() does not wait, so records in flight are counted here too)."
             )  # fmt: skip
         if self.spool_dir is not None:

@@ -370,9 +370,11 @@ class Logger:
             self._end(code)
         finally:
             self._ended.set()
+            # Only now: a finish() on a daemon thread keeps the exit's finish, which waits for
+            # it, so that the interpreter never exits (killing that thread) in the drain.
+            atexit.unregister(self._atexit)
 
     def _end(self, code: int) -> None:
-        atexit.unregister(self._atexit)
         deadline = Deadline(self._shutdown_timeout)
         # The sources' last rows must reach the trackers before these close, so the sources
         # stop first, within half the time: a hung endpoint leaves the trackers the rest.
@@ -382,7 +384,9 @@ class Logger:
             self._router.unroute(self._pipeline.provider)
         trackers = start_stopping(self._trackers.stopping(deadline, code))
         otel = start_stopping([
-            ("OTel pipeline", lambda: self._pipeline.shutdown(deadline.left() * 1000)),
+            # Never a zero timeout, which the SDK reports as an error: the thread is left behind
+            # at the deadline all the same.
+            ("OTel pipeline", lambda: self._pipeline.shutdown(max(deadline.left(), 0.1) * 1000)),
             ("tracing", self._close_tracing),
         ])  # fmt: skip
         # The grace second lets a tracker that gave up at the deadline close its client.
@@ -390,10 +394,10 @@ class Logger:
         late += still_stopping(trackers, deadline.at + SHUTDOWN_GRACE)
         if late:
             _log.warning(
-                "otel-rl: finish() returned at its deadline (export.shutdown_timeout: %g s + %g s) "
-                "while still stopping: %s. What they had not sent is lost, except the trackers' "
-                "records, which stay in the spool for otel-rl replay",
-                self._shutdown_timeout, SHUTDOWN_GRACE, ", ".join(late),
+                "otel-rl: the run ended at its deadline (export.shutdown_timeout: %g s) without "
+                "waiting for: %s. What they had not sent is lost, except the trackers' records, "
+                "which stay in the spool for otel-rl replay",
+                self._shutdown_timeout, ", ".join(late),
             )  # fmt: skip
         # Last, so that a signal during the drain still finds our handler; the signals go back
         # to their previous handlers only if the application did not install its own since.

@@ -21,6 +21,7 @@ OpenTelemetry's semantic conventions in what it sends (:class:`SemanticConventio
 from __future__ import annotations
 
 import base64
+import importlib
 import logging
 import math
 import os
@@ -173,80 +174,53 @@ class OtlpOutput:
             exporter.shutdown()
 
 
+#: The SDK's OTLP exporter class of each signal and protocol: (package, module, class).
+_SDK_EXPORTERS = {
+    ("metrics", "http/protobuf"): ("http", "metric_exporter", "OTLPMetricExporter"),
+    ("metrics", "grpc"): ("grpc", "metric_exporter", "OTLPMetricExporter"),
+    ("traces", "http/protobuf"): ("http", "trace_exporter", "OTLPSpanExporter"),
+    ("traces", "grpc"): ("grpc", "trace_exporter", "OTLPSpanExporter"),
+    ("logs", "http/protobuf"): ("http", "_log_exporter", "OTLPLogExporter"),
+    ("logs", "grpc"): ("grpc", "_log_exporter", "OTLPLogExporter"),
+}
+
+
 def build_exporter(settings: OtlpSettings) -> Any:
     """The OTLP metric exporter for ``settings`` (HTTP or gRPC package imported here, lazily)."""
-    common: dict[str, Any] = {
-        "endpoint": settings.endpoint,
-        "headers": settings.headers or None,
-        "timeout": settings.timeout_s,
-        "preferred_aggregation": _aggregation(settings.histogram),
-    }
-    if settings.protocol == "http/protobuf":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-                OTLPMetricExporter,
-            )
-        except ImportError as exc:
-            raise ConfigError(
-                "otlp needs 'opentelemetry-exporter-otlp-proto-http': pip install 'otel-rl[otlp]'"
-            ) from exc
-        return OTLPMetricExporter(**common)
-    try:
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter as GrpcMetricExporter,
-        )
-    except ImportError as exc:
-        raise ConfigError(
-            "otlp with protocol grpc needs 'opentelemetry-exporter-otlp-proto-grpc': "
-            "pip install 'otel-rl[otlp]'"
-        ) from exc
-    return GrpcMetricExporter(insecure=settings.insecure, **common)
+    return _sdk_exporter(
+        settings, "metrics", preferred_aggregation=_aggregation(settings.histogram)
+    )
 
 
 def build_span_exporter(settings: OtlpSettings, meter_provider: Any = None) -> Any:
     """The SDK's OTLP span exporter for ``settings`` (resolved with ``signal="traces"``)."""
-    common: dict[str, Any] = {
-        "endpoint": settings.endpoint,
-        "headers": settings.headers or None,
-        "timeout": settings.timeout_s,
-    }
-    if settings.protocol == "http/protobuf":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError as exc:
-            raise ConfigError(
-                "tracing over otlp needs 'opentelemetry-exporter-otlp-proto-http': "
-                "pip install 'otel-rl[otlp]'"
-            ) from exc
-        return OTLPSpanExporter(**common, meter_provider=meter_provider)
-    try:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcSpanExporter,
-        )
-    except ImportError as exc:
-        raise ConfigError(
-            "tracing over otlp with protocol grpc needs "
-            "'opentelemetry-exporter-otlp-proto-grpc': pip install 'otel-rl[otlp]'"
-        ) from exc
-    return GrpcSpanExporter(insecure=settings.insecure, **common)
+    if settings.protocol == "grpc":
+        return _sdk_exporter(settings, "traces")
+    return _sdk_exporter(settings, "traces", meter_provider=meter_provider)
 
 
 def build_log_exporter(settings: OtlpSettings) -> Any:
     """The SDK's OTLP log-record exporter for ``settings`` (resolved with ``signal="logs"``)."""
-    common: dict[str, Any] = {
-        "endpoint": settings.endpoint,
-        "headers": settings.headers or None,
-        "timeout": settings.timeout_s,
-    }
+    return _sdk_exporter(settings, "logs")
+
+
+def _sdk_exporter(settings: OtlpSettings, signal: str, **extra: Any) -> Any:
+    package, module, name = _SDK_EXPORTERS[(signal, settings.protocol)]
+    try:
+        found = importlib.import_module(f"opentelemetry.exporter.otlp.proto.{package}.{module}")
+    except ImportError as exc:
+        raise ConfigError(
+            f"otlp {signal} over {settings.protocol} needs "
+            f"'opentelemetry-exporter-otlp-proto-{package}': pip install 'otel-rl[otlp]'"
+        ) from exc
     if settings.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-
-        return OTLPLogExporter(insecure=settings.insecure, **common)
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import (
-        OTLPLogExporter as HttpLogExporter,
+        extra["insecure"] = settings.insecure
+    return getattr(found, name)(
+        endpoint=settings.endpoint,
+        headers=settings.headers or None,
+        timeout=settings.timeout_s,
+        **extra,
     )
-
-    return HttpLogExporter(**common)
 
 
 @dataclass(frozen=True)

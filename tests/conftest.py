@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
 import pytest
 
 # Local Ray clusters in tests stay on loopback: by default Ray advertises the machine's interface
 # address for a single-node cluster; with this (read when ray is imported) it uses 127.0.0.1.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+# A shell started in the background without job control (``cmd &`` in a script) runs its
+# children with SIGINT ignored, and an ignored disposition survives exec: every process the
+# tests start to stop with SIGINT would then ignore it (and otel-rl rightly leaves an ignored
+# signal alone). A Python handler is reset to the default at exec, so the children get it back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

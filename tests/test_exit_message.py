@@ -58,9 +58,9 @@ def test_exit_with_an_unreachable_tracker_names_its_last_error_and_the_setting(t
     match = re.search(
         r"tcp-tracker: (\d+) record\(s\) not delivered before the shutdown timeout "
         r"\(export\.shutdown_timeout: 3 s; last error: ConnectionRefusedError: "
-        r"\[Errno \d+\] Connection refused; lower export\.shutdown_timeout to wait less at "
-        r"exit\)\. They are in the spool \((?P<spool>[^)]+)\); deliver them with: "
-        r"otel-rl replay (?P<log_dir>\S+)",
+        r"\[Errno \d+\] Connection refused; raise export\.shutdown_timeout to deliver more "
+        r"before exit, lower it to wait less\)\. They are in the spool \((?P<spool>[^)]+)\); "
+        r"deliver them with: otel-rl replay (?P<log_dir>\S+)",
         done.stderr,
     )
     assert match, done.stderr

@@ -107,7 +107,7 @@ def test_everything_hung_at_once_still_ends_the_run_within_the_timeout(tmp_path,
         done.stderr
     )
     assert f"(export.shutdown_timeout: {SHUTDOWN_TIMEOUT:g} s;" in done.stderr
-    late = done.stderr.split("while still stopping: ", 1)[1].split(". ", 1)[0].split(", ")
+    late = done.stderr.split("without waiting for: ", 1)[1].split(". ", 1)[0].split(", ")
     assert "tracing" in late and "tracker faultfile" not in late  # it gave up and closed
 
     set_mode(tmp_path / "control", "ok")
@@ -190,6 +190,27 @@ def test_a_second_finish_waits_for_the_first_to_end_the_run(tmp_path):
     assert tracker.steps == list(range(20))
     assert tracker.closed_with == 0
     first.join(5)
+
+
+def test_a_finish_on_a_daemon_thread_is_waited_for_at_exit(tmp_path):
+    """A daemon thread calls finish() and the script ends at once: the interpreter's exit waits
+    for that drain (it would otherwise kill the thread in the middle of it), so every row is in
+    the JSONL file without any replay."""
+    log_dir = tmp_path / "logs"
+    child = textwrap.dedent(f"""
+        import threading, time
+        from otel_rl import Logger
+        logger = Logger({{"log_dir": {str(log_dir)!r}, "stalls": {{"enabled": False}}}})
+        for step in range(3000):
+            logger.log_metrics({{f"k{{i}}": float(step) for i in range(20)}}, step=step)
+        threading.Thread(target=logger.finish, daemon=True).start()
+        time.sleep(0.05)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = jsonl_rows(log_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows if "k0" in r["metrics"]] == list(range(3000))
 
 
 def test_a_tracker_stuck_in_its_close_is_named_and_one_late_in_a_write_is_still_closed(
