@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from otel_rl.watch import RunWatch
 
 
-
 class Logger:
     """Log metrics, timings and hyperparameters to every enabled tracker, off the training thread.
 
