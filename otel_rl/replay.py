@@ -320,16 +320,21 @@ def _deliver_spool(
             tracker, started, "" if Path(started).is_dir() else " (gone)", base or Path.cwd(),
         )  # fmt: skip
     with _working_directory(base):
-        exporter = exporter_class(tracker).from_config(cfg)
-        landed = _landed_before_the_kill(directory, exporter, {seq for seq, _ in sendable})
-        sendable = [(seq, record) for seq, record in sendable if seq not in landed]
+        # Built only when something waits: a spool with nothing to send needs no tracker (an
+        # exporter given to the Logger as an instance may have no entry point to build it by).
+        exporter = exporter_class(tracker).from_config(cfg) if sendable else None
+        landed: set[int] = set()
+        if exporter is not None:
+            landed = _landed_before_the_kill(directory, exporter, {seq for seq, _ in sendable})
+            sendable = [(seq, record) for seq, record in sendable if seq not in landed]
         result = ReplayResult(tracker, run_id, len(sendable), 0, skipped)
         marks = DoneMarks(directory)
         try:
             marks.mark(done_already + sorted(landed))
-            if sendable:
+            if exporter is not None and sendable:
+                opened = exporter  # its resume_config is set as the tracker opens its run
                 _deliver(exporter, meta, sendable, marks, result, progress, timeout, interrupted,
-                         lambda: _save_resume(directory, meta, exporter.resume_config))
+                         lambda: _save_resume(directory, meta, opened.resume_config))
             marks.set_aside(skipped)
         finally:
             marks.close()

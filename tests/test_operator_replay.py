@@ -589,3 +589,47 @@ def test_a_line_copied_over_the_next_one_is_reported_not_delivered_twice(tmp_pat
     assert "sequence number 10 comes again after 10" in out.stdout and "(record 11)" in out.stdout
     steps = [r["step"] for r in jsonl_rows(log_dir / "metrics.jsonl")]
     assert steps == [s for s in range(20) if s != 10]  # step 10 once; step 11's line is gone
+
+
+class _InMemory(TrackerExporter):
+    """A tracker given to the Logger as an instance only: no entry point can build it again."""
+
+    name = "inmemory"
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        super().__init__()
+
+    def write_step(self, step, rows, batch) -> None:
+        self.steps.append(step)
+
+
+def test_replay_passes_over_a_spool_with_nothing_waiting_even_when_its_tracker_cannot_be_built(
+    tmp_path,
+):
+    """An exporter given as an instance delivered everything: replay has nothing to send there
+    and says 0/0 with exit 0, instead of failing (exit 1) for want of a tracker it does not
+    need. With records waiting, the missing tracker is still an error naming it."""
+    log_dir = tmp_path / "logs"
+    tracker = _InMemory()
+    with Logger({"log_dir": str(log_dir), "jsonl_enabled": False, "stalls": {"enabled": False}},
+                exporters=[tracker]) as logger:  # fmt: skip
+        for step in range(5):
+            logger.log_metrics({"x": float(step)}, step=step)
+    assert tracker.steps == list(range(5))
+    done = subprocess.run([*REPLAY, str(log_dir), "--no-progress"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "inmemory" in done.stdout and "0/0 record(s) delivered" in done.stdout
+
+    waiting = tmp_path / "waiting"
+    tracker = _InMemory()
+    tracker.write_step = lambda step, rows, batch: (_ for _ in ()).throw(ConnectionError("down"))
+    logger = Logger({"log_dir": str(waiting), "jsonl_enabled": False, "stalls": {"enabled": False},
+                     "export": {"shutdown_timeout": 0.2}}, exporters=[tracker])  # fmt: skip
+    logger.log_metrics({"x": 1.0}, step=0)
+    logger.finish()
+    refused = subprocess.run([*REPLAY, str(waiting), "--no-progress"], capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 1
+    assert "no tracker exporter named 'inmemory'" in refused.stdout + refused.stderr
