@@ -272,3 +272,46 @@ def test_records_handed_over_before_a_short_deadline_still_reach_the_spool(tmp_p
     rows = [(r["step"], r["metrics"]["loss"]) for r in jsonl_rows(log_dir / "metrics.jsonl")
             if "loss" in r["metrics"]]  # fmt: skip
     assert rows == [(step, float(step)) for step in range(300)]
+
+
+def test_the_nemo_rl_drop_in_ends_its_run_within_the_same_deadline(tmp_path):
+    """NeMo RL's ``Logger.finish()`` writes its artifact dumps while the core run ends, within
+    the one deadline: a dump still being written and a collector that never answers together
+    cost ``shutdown_timeout`` + 1 s at most (one after the other they cost twice the timeout);
+    a second finish() from another thread returns only once the run has ended."""
+    from otel_rl.compat.nemo_rl import Logger as NemoLogger
+    from tests.readers import tensorboard_scalars
+    from tests.test_compat_nemo_rl import nemo_config
+
+    collector = _silent_endpoint()
+    release = threading.Event()
+    ended: dict[str, float] = {}
+    try:
+        cfg = nemo_config(
+            tmp_path / "logs",
+            otlp={"enabled": True, "endpoint": f"http://127.0.0.1:{collector.getsockname()[1]}",
+                  "interval": 60},
+            export={"shutdown_timeout": 1.5},
+        )  # fmt: skip
+        logger = NemoLogger(cfg)
+        logger.log_metrics({"loss": 0.5}, step=0, prefix="train")
+        logger.artifacts.submit("a dump that outlives the deadline", lambda: release.wait(30) and 0)
+
+        def finish_first() -> None:
+            logger.finish()
+            ended["first"] = time.monotonic()
+
+        first = threading.Thread(target=finish_first, daemon=True)
+        began = time.monotonic()
+        first.start()
+        time.sleep(0.2)  # the first caller is ending the run
+        logger.finish()
+        ended["second"] = time.monotonic()
+        first.join(5)
+    finally:
+        release.set()
+        collector.close()
+    assert ended["first"] - began < 1.5 + 1.0, ended["first"] - began
+    assert ended["second"] >= ended["first"] - 0.05  # never before the run has ended
+    scalars = tensorboard_scalars(tmp_path / "logs" / "tensorboard")
+    assert scalars["train/loss"] == [(0, 0.5)]

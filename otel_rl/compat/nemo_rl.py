@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from otel_rl.deadline import SHUTDOWN_GRACE, Deadline, Stopping, start_stopping, still_stopping
 from otel_rl.fork_safe_log import log as _log
 
 if sys.version_info >= (3, 11):
@@ -288,16 +289,24 @@ class Logger(CoreOutputs):
         propagates (``finally:``/``except:``), the run is marked failed (killed for Ctrl-C and
         SIGTERM), never finished.
         """
-        if self.finished:
-            return
-        self.finished = True
         code = exit_code_now() if exit_code is None else int(exit_code)
-        timeout = float(self.cfg["export"]["shutdown_timeout"])
-        if not self.artifacts.close(timeout):
+        dumps: Stopping = []
+        # The dumps go to files of their own, not to the trackers: they are written while the
+        # run ends, within the same deadline (export.shutdown_timeout, + 1 s).
+        deadline = Deadline(float(self.cfg["export"]["shutdown_timeout"]))
+        if not self.finished:
+            self.finished = True
+            dumps = start_stopping([("artifact dumps", lambda: self._close_dumps(deadline))])
+        # Also for a second caller: the core's finish() waits for the one ending the run.
+        self.core.finish(exit_code=code)
+        if dumps:
+            still_stopping(dumps, deadline.at + SHUTDOWN_GRACE)
+
+    def _close_dumps(self, deadline: Deadline) -> None:
+        if not self.artifacts.close(deadline.left()):
             _log.warning(
                 "otel-rl: %d artifact dump(s) still being written at finish", self.artifacts.pending
             )
-        self.core.finish(exit_code=code)
 
     # ---- otel-rl additions --------------------------------------------------------------------
 

@@ -144,9 +144,8 @@ class Tracking(CoreOutputs):
         Without ``exit_code``: failed when called while an exception propagates, else the
         process's exit status as far as known (0).
         """
-        if self.finished:
-            return
         self.finished = True
+        # Also for a second caller: the core's finish() waits for the one ending the run.
         self.core.finish(exit_code=exit_code_now() if exit_code is None else int(exit_code))
 
     def flush(self, timeout: float | None = None) -> bool:
