@@ -96,7 +96,7 @@ def missing_package(exc: BaseException) -> str | None:
     """What is missing when ``exc`` reports an absent package ("needs torch"), else None.
 
     A ModuleNotFoundError for a module outside this checkout, or pytest's skip raised by the
-    shared server fixtures (tests/servers.py) when the full mlflow package is not installed.
+    shared server fixtures (testkit/servers.py) when the full mlflow package is not installed.
     """
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         top = exc.name.split(".")[0]

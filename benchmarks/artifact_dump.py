@@ -70,8 +70,8 @@ def work_rate_during_dump(directory: Path, data: dict[str, Any]) -> float:
 
 
 def run_ours(directory: Path, data: dict[str, Any], engine: str) -> tuple[float, float]:
-    from otel_rl import artifacts
     from otel_rl.compat.nemo_rl import Logger
+    from otel_rl.delivery import artifacts
 
     saved = artifacts._orjson
     if engine == "json":
@@ -91,7 +91,7 @@ def run_ours(directory: Path, data: dict[str, Any], engine: str) -> tuple[float,
 
 def measure(batch: int, tokens: int, rounds: int) -> dict[str, Any]:
     """Ours (orjson when installed, and the json fallback) and the sync writer, alternated."""
-    from otel_rl.artifacts import JSON_ENGINE
+    from otel_rl.delivery.artifacts import JSON_ENGINE
 
     data = make_batch(batch, tokens)
     results: dict[str, list[float]] = {k: [] for k in (

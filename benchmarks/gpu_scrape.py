@@ -1,6 +1,6 @@
 """Wall time of one GPU collection over 8, 64 and 256 simulated Ray nodes: ours vs a serial scrape.
 
-The nodes serve the 8 x H100 fixture with values varied per node (tests/gpu_nodes.py) from a
+The nodes serve the 8 x H100 fixture with values varied per node (testkit/gpu_nodes.py) from a
 separate process, so the servers do not share the client's interpreter. Baseline, measured in the
 same run and alternated with ours: NeMo RL's way, one node after another with
 ``requests.get(url, timeout=5)`` and the whole page parsed by ``prometheus_client.parser``.
@@ -27,7 +27,7 @@ TIMEOUT = 5.0
 
 
 def _serve(pages: list[tuple[str, str]], delay: float, conn: Any) -> None:
-    from tests.gpu_nodes import NodeFarm
+    from testkit.gpu_nodes import NodeFarm
 
     with NodeFarm() as farm:
         conn.send([farm.add(body, mode=mode, delay=delay) for body, mode in pages])
@@ -35,7 +35,7 @@ def _serve(pages: list[tuple[str, str]], delay: float, conn: Any) -> None:
 
 
 def _pages(nodes: int, big: bool, failures: bool) -> list[tuple[str, str]]:
-    from tests.gpu_nodes import CPU_FIXTURE, H100_FIXTURE, render, simulated_node
+    from testkit.gpu_nodes import CPU_FIXTURE, H100_FIXTURE, render, simulated_node
 
     template = H100_FIXTURE.read_text()
     if big:

@@ -2,7 +2,7 @@
 
 Starting it takes ~10 s, so the first benchmark that asks starts it and the others reuse it; it is
 stopped when the process exits. :func:`start_in_background` lets the harness boot it while other
-benchmarks run. The server is the test suite's (tests/servers.py).
+benchmarks run. The server is the test suite's (testkit/servers.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def shared_server_url() -> str:
     global _server
     with _lock:
         if _server is None or _server.process.poll() is not None:
-            from tests.servers import start_mlflow_server, stop_mlflow_server
+            from testkit.servers import start_mlflow_server, stop_mlflow_server
 
             os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
             workdir = Path(tempfile.mkdtemp(prefix="otel-rl-bench-mlflow-"))

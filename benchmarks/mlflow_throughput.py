@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from otel_rl.exporters.mlflow import MlflowExporter
 
-from otel_rl.records import StepBatch
+from otel_rl.core.records import StepBatch
 
 
 class UnbatchedMlflowExporter(MlflowExporter):
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     server: Any = None
     uri = args.tracking_uri
     if uri is None:
-        from tests.servers import start_mlflow_server
+        from testkit.servers import start_mlflow_server
 
         server = start_mlflow_server(Path(tempfile.mkdtemp(prefix="otel-rl-bench-mlflow-")))
         uri = server.url
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     finally:
         if server is not None:
-            from tests.servers import stop_mlflow_server
+            from testkit.servers import stop_mlflow_server
 
             stop_mlflow_server(server)
 

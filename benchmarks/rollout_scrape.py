@@ -1,7 +1,7 @@
 """Cost of one rollout-monitoring round over 8, 64 and 256 local inference engines.
 
-Every engine serves the vLLM V1 fixture page (tests/fixtures/rollout/, ~95 KB, 607 lines) from a
-separate process (tests/gpu_nodes.NodeFarm: one asyncio server per port), so the servers do not
+Every engine serves the vLLM V1 fixture page (testkit/fixtures/rollout/, ~95 KB, 607 lines) from a
+separate process (testkit/gpu_nodes.NodeFarm: one asyncio server per port), so the servers do not
 share the client's interpreter. Ours: one :class:`RolloutMonitor` round (``flush()``: GET every
 engine concurrently, parse, close a marked step, emit its rows) on the monitor's thread.
 Baseline, measured in the same run and alternated with ours: the straightforward scraper, one
@@ -23,11 +23,11 @@ from typing import Any
 
 from benchmarks.gpu_scrape import serial_scrape
 
-PAGE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "rollout"
+PAGE = Path(__file__).resolve().parent.parent / "testkit" / "fixtures" / "rollout"
 
 
 def _serve(count: int, conn: Any) -> None:
-    from tests.gpu_nodes import NodeFarm
+    from testkit.gpu_nodes import NodeFarm
 
     body = (PAGE / "vllm-v1-8gpu-tp.prom").read_text()
     with NodeFarm() as farm:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otel_rl.records import StepBatch
+from otel_rl.core.records import StepBatch
 
 
 def _exporter(name: str, root: Path) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 from otel_rl.exporters.base import TrackerExporter
 
-from otel_rl.records import StepBatch
+from otel_rl.core.records import StepBatch
 
 
 class _Gated(TrackerExporter):

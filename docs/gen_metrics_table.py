@@ -1,9 +1,9 @@
-"""Rewrite the tables of docs/metrics.md from otel_rl/catalogue.py.
+"""Rewrite the tables of docs/metrics.md from otel_rl/core/catalogue.py.
 
 Run ``python docs/gen_metrics_table.py`` after changing the catalogue;
-tests/test_metric_catalogue.py fails while the tables and the catalogue differ. The Prometheus
+tests/core/test_metric_catalogue.py fails while the tables and the catalogue differ. The Prometheus
 names are what the OTel Prometheus exporter renders for each entry (see
-``otel_rl.catalogue.prometheus_family``), not a copy of its rules.
+``otel_rl.core.catalogue.prometheus_family``), not a copy of its rules.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from generated import part_in, rewrite, with_part
 
-from otel_rl.catalogue import CATALOGUE, Metric, Semconv, prometheus_family
+from otel_rl.core.catalogue import CATALOGUE, Metric, Semconv, prometheus_family
 
 DOC = Path(__file__).with_name("metrics.md")
 CONVENTIONS = "https://github.com/open-telemetry/semantic-conventions/blob/main/docs/"

@@ -1,7 +1,7 @@
 """Tracker exporters: one OTel ``MetricExporter`` per experiment tracker.
 
 Each module imports its tracker's SDK lazily, on the exporter's own thread. Use
-:func:`otel_rl.registry.exporter_class` to find one by name.
+:func:`otel_rl.delivery.registry.exporter_class` to find one by name.
 
 This package is also the public API for writing a tracker of one's own::
 
@@ -12,21 +12,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from otel_rl.lazy_exports import lazy_exports
+from otel_rl.core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from otel_rl.exporters.base import TrackerExporter
 
-    from otel_rl.failures import RowRejected
-    from otel_rl.records import HistogramValue, StepBatch
+    from otel_rl.core.failures import RowRejected
+    from otel_rl.core.records import HistogramValue, StepBatch
 
 __all__ = ["HistogramValue", "RowRejected", "StepBatch", "TrackerExporter"]
 
 _PUBLIC = {
     "TrackerExporter": "otel_rl.exporters.base",
-    "RowRejected": "otel_rl.failures",
-    "StepBatch": "otel_rl.records",
-    "HistogramValue": "otel_rl.records",
+    "RowRejected": "otel_rl.core.failures",
+    "StepBatch": "otel_rl.core.records",
+    "HistogramValue": "otel_rl.core.records",
 }
 
 __getattr__ = lazy_exports(__name__, _PUBLIC)

@@ -10,8 +10,8 @@ from typing import Any, ClassVar, TextIO
 
 from otel_rl.exporters.base import TrackerExporter
 
-from otel_rl.fork_safe_log import writing_shared_stream
-from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.core.records import HistogramValue, RowValue, StepBatch
+from otel_rl.process.fork_safe_log import writing_shared_stream
 
 
 class ConsoleExporter(TrackerExporter):

@@ -10,7 +10,7 @@ import io
 import math
 from typing import Any
 
-from otel_rl.records import HistogramValue
+from otel_rl.core.records import HistogramValue
 
 
 def png_to_image(png: bytes) -> Any:

@@ -8,7 +8,7 @@ tokens ``NaN``/``Infinity``/``-Infinity`` that Python's ``json`` and pandas read
 opened for appending: a second run adds to it, never truncates it, and says so once (a warning
 naming the file) when the file's last row belongs to another run; ``run_id`` tells the runs apart.
 Plots are stored beside it as ``plots/<name>/step_<N>.png`` (``<name>`` made safe by
-:func:`otel_rl.paths.safe_relative`: never outside that folder) and tables as lines of
+:func:`otel_rl.core.paths.safe_relative`: never outside that folder) and tables as lines of
 ``tables.jsonl``.
 """
 
@@ -24,10 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from otel_rl.core.paths import path_inside
+from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.exporters.base import RowRejected, TrackerExporter
-
-from otel_rl.paths import path_inside
-from otel_rl.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 
 # The start of a row of ours: the run id comes before the metrics, so that reading the first
 # bytes of the last line tells which run wrote it, however long the row.
@@ -39,7 +38,9 @@ class JsonlExporter(TrackerExporter):
     name: ClassVar[str] = "jsonl"
     max_batch: ClassVar[int] = 256
 
-    def __init__(self, path: str | os.PathLike, run_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], run_id: str | None = None, **kwargs: Any
+    ) -> None:
         self.path = Path(path)
         #: Written in every row; ``None`` leaves the field out.
         self.run_id = None if run_id is None else str(run_id)
@@ -170,7 +171,7 @@ class JsonlExporter(TrackerExporter):
             self._file = None
 
 
-def holds_lines_since(path: str | os.PathLike, position: Any, records: int | None) -> bool:
+def holds_lines_since(path: str | os.PathLike[str], position: Any, records: int | None) -> bool:
     """Whether the file at ``path`` holds ``records`` whole lines after byte ``position`` (any
     whole lines, when ``records`` is ``None``): the ``holds_since`` of a tracker that writes one
     line per record, for ``otel-rl replay``."""

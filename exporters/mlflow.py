@@ -34,9 +34,9 @@ from typing import Any, ClassVar, TypeVar
 from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.mlflow_names import NameMap, sanitize
 
-from otel_rl.errors import ConfigError
-from otel_rl.records import Event, HistogramValue, RowValue, StepBatch, TableRows
-from otel_rl.redaction import collect_secrets, redact_text, secret_values
+from otel_rl.core.errors import ConfigError
+from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.core.redaction import collect_secrets, redact_text, secret_values
 
 #: MLflow's per-request limits (mlflow.utils.validation).
 MAX_METRICS_PER_REQUEST = 1000
@@ -110,7 +110,7 @@ class MlflowExporter(TrackerExporter):
         run_id: str | None = None,
         artifact_location: str | None = None,
         tags: Mapping[str, Any] | None = None,
-        log_dir: str | os.PathLike = "logs",
+        log_dir: str | os.PathLike[str] = "logs",
         fallback_experiment: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -287,7 +287,7 @@ class MlflowExporter(TrackerExporter):
         if db_path.exists():
             return
         db_path.parent.mkdir(parents=True, exist_ok=True)
-        SqlAlchemyStore(self.tracking_uri, self.artifact_location)
+        SqlAlchemyStore(self.tracking_uri, self.artifact_location)  # type: ignore[no-untyped-call]
 
     def _resolve_experiment(self, client: Any) -> str:
         if self._experiment_id:
@@ -295,15 +295,15 @@ class MlflowExporter(TrackerExporter):
         name = self.experiment_name or "Default"
         experiment = client.get_experiment_by_name(name)
         if experiment is not None:
-            return experiment.experiment_id
+            return str(experiment.experiment_id)
         try:
-            return client.create_experiment(name, artifact_location=self.artifact_location)
+            return str(client.create_experiment(name, artifact_location=self.artifact_location))
         except Exception:
             # Another process may have created it in between.
             experiment = client.get_experiment_by_name(name)
             if experiment is None:
                 raise
-            return experiment.experiment_id
+            return str(experiment.experiment_id)
 
     def _run_tags(self) -> dict[str, str]:
         tags: dict[str, str] = {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from otel_rl.fork_safe_log import log as _log
+from otel_rl.process.fork_safe_log import log as _log
 
 MAX_NAME_LENGTH = 250
 _INVALID = re.compile(r"[^\w.\- /]+")

@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,7 +28,7 @@ from otel_rl.exporters.tensorboard_summaries import (
     text_value,
 )
 
-from otel_rl.records import Event, HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 
 _FILE_COUNTER = iter(range(1 << 30))
 
@@ -41,7 +41,7 @@ class TensorBoardExporter(TrackerExporter):
     max_batch: ClassVar[int] = 256
     requires: ClassVar[tuple[str, ...]] = ("tensorboard",)
 
-    def __init__(self, log_dir: str | os.PathLike, **kwargs: Any) -> None:
+    def __init__(self, log_dir: str | os.PathLike[str], **kwargs: Any) -> None:
         self.log_dir = Path(log_dir)
         self._file: Any = None
         self._pb: Any = None
@@ -187,7 +187,7 @@ class TensorBoardExporter(TrackerExporter):
 
     def _record(self, event: Any) -> bytes:
         """One TFRecord: length, its CRC, the serialized event, its CRC."""
-        data = event.SerializeToString()
+        data: bytes = event.SerializeToString()
         header = struct.pack("<Q", len(data))
         crc = self._crc
         return header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data))
@@ -214,10 +214,11 @@ def _crc32c() -> Any:
     try:
         import google_crc32c
 
-        def raw(data: bytes) -> int:
-            return google_crc32c.value(data)
+        raw: Callable[[bytes], int] = google_crc32c.value
     except ImportError:  # pure Python, ~0.1 µs per byte
-        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as raw
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
+
+        raw = crc32c
 
     def masked(data: bytes) -> int:
         crc = raw(data)

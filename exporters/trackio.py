@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from otel_rl.exporters.base import SdkRunExporter
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
+from otel_rl.exporters.sdk_run import SdkRunExporter
 
-from otel_rl.records import HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.core.records import HistogramValue, RowValue, StepBatch, TableRows
 
 
 class TrackioExporter(SdkRunExporter):
@@ -104,7 +104,7 @@ class TrackioExporter(SdkRunExporter):
             return
         if self._config_pending:
             # Late hyperparameters and no row since: an empty row carries them.
-            self.run.log({}, step=self._order.highest or 0)
+            self.run.log({}, step=self._channel.order.highest or 0)
         self.run.finish()
         self.run = None
 

@@ -35,7 +35,7 @@ def otel_rl_warnings(caplog):
 @pytest.fixture
 def offline_trackers(monkeypatch, tmp_path):
     """W&B and SwanLab offline, their files and settings under ``tmp_path`` (no account, no
-    network: read back with their own readers, tests/tracker_readers.py)."""
+    network: read back with their own readers, testkit/tracker_readers.py)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_CONSOLE", "off")

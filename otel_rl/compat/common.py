@@ -7,11 +7,11 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from otel_rl.errors import ConfigError
+from otel_rl.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from otel_rl.logger import Logger
-    from otel_rl.timing import Timer
+    from otel_rl.telemetry.timing import Timer
 
 __all__ = ["CoreOutputs", "exit_code_now", "plain_config"]
 
@@ -36,8 +36,9 @@ def plain_config(value: Any, where: str = "config") -> Any:
 
 
 def exit_code_now() -> int:
-    """The exit code for a run finished right now (:func:`otel_rl.lifecycle.exit_code_now`)."""
-    from otel_rl.lifecycle import exit_code_now as now
+    """The exit code for a run finished right now
+    (:func:`otel_rl.process.lifecycle.exit_code_now`)."""
+    from otel_rl.process.lifecycle import exit_code_now as now
 
     return now()
 

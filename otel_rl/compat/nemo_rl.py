@@ -26,8 +26,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from otel_rl.deadline import SHUTDOWN_GRACE, Deadline, Stopping, start_stopping, still_stopping
-from otel_rl.fork_safe_log import log as _log
+from otel_rl.process.deadline import (
+    SHUTDOWN_GRACE,
+    Deadline,
+    Stopping,
+    start_stopping,
+    still_stopping,
+)
+from otel_rl.process.fork_safe_log import log as _log
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired
@@ -48,7 +54,7 @@ from otel_rl.compat.nemo_utils import (
     get_next_experiment_dir,
     log_container_init_timing,
 )
-from otel_rl.paths import path_inside
+from otel_rl.core.paths import path_inside
 
 if TYPE_CHECKING:
     pass
@@ -163,7 +169,7 @@ class Logger(CoreOutputs):
         exporters: Sequence[Any] = (),
         artifact_queue: int = 4,
     ) -> None:
-        from otel_rl.artifacts import ArtifactWriter
+        from otel_rl.delivery.artifacts import ArtifactWriter
         from otel_rl.logger import Logger as CoreLogger
 
         # Set first: __del__ reads them even when construction fails half-way.
@@ -244,7 +250,11 @@ class Logger(CoreOutputs):
         Returns once the batch is copied (tensors to CPU numpy); the file appears complete
         (written to ``<file>.tmp``, then renamed) by ``flush()``/``finish()``.
         """
-        from otel_rl.artifacts import iter_batch_lines, snapshot_batch, write_lines_atomically
+        from otel_rl.delivery.artifacts import (
+            iter_batch_lines,
+            snapshot_batch,
+            write_lines_atomically,
+        )
 
         path = self._artifact_path(filename)
         if path is None or self._after_finish(path):
@@ -262,7 +272,7 @@ class Logger(CoreOutputs):
 
     def log_string_list_as_jsonl(self, to_log: list[str], filename: str) -> None:
         """Append each string as one line to ``<log_dir>/<filename>`` (in the background)."""
-        from otel_rl.artifacts import append_lines
+        from otel_rl.delivery.artifacts import append_lines
 
         path = self._artifact_path(filename)
         if path is None or self._after_finish(path):
@@ -272,7 +282,7 @@ class Logger(CoreOutputs):
 
     def _artifact_path(self, filename: object) -> str | None:
         """``<log_dir>/<filename>`` made safe (no way out of ``log_dir``: ``..`` and absolute
-        parts removed, see otel_rl/paths.py); ``None`` and a warning (an error in strict mode)
+        parts removed, see otel_rl/core/paths.py); ``None`` and a warning (an error in strict mode)
         when nothing usable is left of the name."""
         try:
             return str(path_inside(self.base_log_dir, filename))
@@ -354,7 +364,7 @@ class Logger(CoreOutputs):
             pass
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        from otel_rl.exit import exit_code_of
+        from otel_rl.process.lifecycle import exit_code_of
 
         self.finish(exit_code=exit_code_of(exc_type, exc))
 
@@ -372,7 +382,7 @@ class Logger(CoreOutputs):
 
 def _core_config(cfg: Any) -> tuple[dict[str, Any], bool]:
     """otel-rl's config from a NeMo RL one; and NeMo RL's NeMo Gym table switch."""
-    from otel_rl.config import load_config
+    from otel_rl.config.loading import load_config
 
     if isinstance(cfg, (str, os.PathLike, Path)) or cfg is None:
         core = load_config(cfg)

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from otel_rl.timing import TimerSpan, ambient_tracer, timer_closed, timer_opened
+from otel_rl.telemetry.timing import TimerSpan, ambient_tracer, timer_closed, timer_opened
 
 #: NeMo RL's logger name for its timer, kept so that existing logging configuration applies.
 LOGGER_NAME = "nemo_rl.utils.timer"

@@ -1,6 +1,6 @@
 """Send a table (validation samples) to each tracker in the form that tracker shows best.
 
-Trackers with a table type get a :class:`~otel_rl.records.Table` through their ``write_table``:
+Trackers with a table type get a :class:`~otel_rl.core.records.Table` through their ``write_table``:
 W&B (``wandb.Table``), Trackio (``trackio.Table``), MLflow (a JSON artifact
 ``tables/<name>/step_<N>.json``), TensorBoard (a Markdown table in the TEXT tab), SwanLab (the same
 Markdown table as ``swanlab.Text``: its charts show no table type). Trackers that show neither
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from otel_rl.fanout import Fanout
-from otel_rl.records import Table
+from otel_rl.core.records import Table
+from otel_rl.delivery.fanout import Fanout
 
 
 def takes_tables(exporter: Any) -> bool:

@@ -33,7 +33,7 @@ from otel_rl.compat.verl_config import (
     tracking_config,
 )
 from otel_rl.compat.verl_timing import marked_timer, simple_timer
-from otel_rl.fork_safe_log import log as _log
+from otel_rl.process.fork_safe_log import log as _log
 
 if TYPE_CHECKING:
     pass
@@ -156,7 +156,7 @@ class Tracking(CoreOutputs):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        from otel_rl.exit import exit_code_of
+        from otel_rl.process.lifecycle import exit_code_of
 
         self.finish(exit_code=exit_code_of(exc_type, exc))
 
@@ -164,7 +164,7 @@ class Tracking(CoreOutputs):
         # verl finishes its backends when the Tracking is collected; so do we.
         try:
             if not getattr(self, "finished", True):
-                from otel_rl.exit import exit_code_hint
+                from otel_rl.process.lifecycle import exit_code_hint
 
                 self.finish(exit_code=exit_code_hint())
         except Exception:  # never raise from a finalizer
@@ -180,8 +180,8 @@ class Tracking(CoreOutputs):
         return wanted & set(self.backends)
 
     def _log_to(self, targets: set[str], data: Mapping[str, Any], step: int) -> None:
-        from otel_rl.records import StepBatch
-        from otel_rl.values import flatten_into
+        from otel_rl.core.records import StepBatch
+        from otel_rl.core.values import flatten_into
 
         def report(key: str, reason: str) -> None:
             _log.warning("otel-rl: metric %r: %s", key, reason)
@@ -276,7 +276,7 @@ class ValidationGenerationsLogger:
         # Like Tracking: what this logger's own trackers hold is written when it is collected.
         try:
             if getattr(self, "_own", None):
-                from otel_rl.exit import exit_code_hint
+                from otel_rl.process.lifecycle import exit_code_hint
 
                 self.finish(exit_code=exit_code_hint())
         except Exception:  # never raise from a finalizer
@@ -422,7 +422,7 @@ def _cut(value: Any) -> Any:
 
 def _to_tensorboard(fanout: Any, samples: Sequence[Sequence[Any]], step: int) -> None:
     """verl's text at ``step`` under ``val/generations`` (TensorBoard's text plugin)."""
-    from otel_rl.records import StepBatch
+    from otel_rl.core.records import StepBatch
 
     text = generations_text(samples, step)
     fanout.send(StepBatch(step=step, values={GENERATIONS_KEY: text}), to=("tensorboard",))

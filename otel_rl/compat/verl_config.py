@@ -30,9 +30,9 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from otel_rl.env_config import CONFIG_ENV
-from otel_rl.errors import ConfigError
-from otel_rl.fork_safe_log import log as _log
+from otel_rl.config.env import CONFIG_ENV
+from otel_rl.core.errors import ConfigError
+from otel_rl.process.fork_safe_log import log as _log
 
 #: verl's backends that otel-rl serves.
 SUPPORTED_BACKENDS = ("wandb", "mlflow", "swanlab", "tensorboard", "console", "trackio", "file")
@@ -250,7 +250,7 @@ def _verl_settings(
 
 def _config_file(env: Mapping[str, str]) -> dict[str, Any]:
     """The ``OTEL_RL_CONFIG`` file's logger config (``{}`` when the variable is unset)."""
-    from otel_rl.config import load_config
+    from otel_rl.config.loading import load_config
 
     path = env.get(CONFIG_ENV)
     if not path:
@@ -261,7 +261,7 @@ def _config_file(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _check_alone(section: Mapping[str, Any], where: str) -> None:
-    from otel_rl.config_schema import validate
+    from otel_rl.config.schema import validate
 
     try:
         validate(section)

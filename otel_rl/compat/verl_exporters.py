@@ -24,13 +24,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar, TextIO
 
+from otel_rl.core.records import HistogramValue, RowValue, StepBatch
 from otel_rl.exporters.base import TrackerExporter
 from otel_rl.exporters.jsonl import JsonlExporter
-from otel_rl.fork_safe_log import fork_safe, writing_shared_stream
-from otel_rl.records import HistogramValue, RowValue, StepBatch
+from otel_rl.process.fork_safe_log import fork_safe, writing_shared_stream
 
 
-class VerlFileExporter(JsonlExporter):  # type: ignore[misc]  # exporters/ is Any to mypy
+class VerlFileExporter(JsonlExporter):
     """otel-rl's JSONL exporter writing verl's line layout (training rows only)."""
 
     name: ClassVar[str] = "file"
@@ -63,7 +63,7 @@ def _value(value: RowValue) -> Any:
     return value
 
 
-class VerlConsoleExporter(TrackerExporter):  # type: ignore[misc]  # exporters/ is Any to mypy
+class VerlConsoleExporter(TrackerExporter):
     """verl's console backend, also ``Tracking.console_logger`` (verl: a ``LocalLogger``):
     ``log(data, step)``, ``flush()`` and ``print_to_console`` work as there, the printing
     happening on this tracker's thread."""
@@ -80,7 +80,7 @@ class VerlConsoleExporter(TrackerExporter):  # type: ignore[misc]  # exporters/ 
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """verl's ``LocalLogger.log``: one ``step:N - key:value`` line for ``data``."""
-        from otel_rl.values import flatten_into
+        from otel_rl.core.values import flatten_into
 
         values: dict[str, Any] = {}
         flatten_into(values, data, "", lambda key, reason: None)  # non-numbers are not printed

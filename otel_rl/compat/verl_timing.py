@@ -19,7 +19,7 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
-from otel_rl.timing import TimerSpan, ambient_tracer, timer_closed, timer_opened
+from otel_rl.telemetry.timing import TimerSpan, ambient_tracer, timer_closed, timer_opened
 
 __all__ = ["marked_timer", "simple_timer"]
 

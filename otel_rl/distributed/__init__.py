@@ -10,7 +10,7 @@ Nothing heavy is imported until used.
 
 from __future__ import annotations
 
-from otel_rl.lazy_exports import lazy_exports
+from otel_rl.core.lazy_exports import lazy_exports
 
 _LAZY = {
     "WorkerMetrics": "otel_rl.distributed.worker",

@@ -29,6 +29,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from otel_rl.core.records import HistogramValue
 from otel_rl.distributed.reductions import (
     DEFAULT_SCALAR,
     DEFAULT_TIMING,
@@ -50,7 +51,6 @@ from otel_rl.distributed.snapshot import (
     ScalarEntry,
     merge_histogram,
 )
-from otel_rl.records import HistogramValue
 
 _TIMING_REDUCTIONS = ("max", "min", "mean", "sum")
 

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from otel_rl.errors import ConfigError, MetricError
+from otel_rl.core.errors import ConfigError, MetricError
 
 #: Every reduction a scalar can declare.
 REDUCTIONS = ("mean", "sum", "min", "max", "last")

@@ -28,7 +28,7 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
-from otel_rl.records import _with_attributes, scoped_metrics
+from otel_rl.core.records import _with_attributes, scoped_metrics
 
 FORMAT = 1
 

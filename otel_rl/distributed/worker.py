@@ -12,6 +12,8 @@ from typing import Any, cast
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
+from otel_rl.core.keys import KeyCollisionError, KeyRegistry
+from otel_rl.core.records import OWN_SCOPE
 from otel_rl.distributed.reductions import REDUCTIONS, ReductionConflictError
 from otel_rl.distributed.snapshot import (
     LAST,
@@ -26,11 +28,9 @@ from otel_rl.distributed.snapshot import (
     add_otel_data,
     empty_snapshot,
 )
-from otel_rl.keys import KeyCollisionError, KeyRegistry
-from otel_rl.records import OWN_SCOPE
-from otel_rl.step_reader import StepReader
-from otel_rl.timing import Timer, TimerFactory
-from otel_rl.tracing import RunTracer, hook_active, hook_resource
+from otel_rl.telemetry.step_reader import StepReader
+from otel_rl.telemetry.timing import Timer, TimerFactory
+from otel_rl.telemetry.tracing import RunTracer, hook_active, hook_resource
 
 #: The scope of ``WorkerMetrics.meter``.
 USER_SCOPE = "otel_rl.worker"

@@ -3,7 +3,7 @@ actor for workers. Nothing here imports ``ray`` until it is used."""
 
 from __future__ import annotations
 
-from otel_rl.lazy_exports import lazy_exports
+from otel_rl.core.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
     "RayNodeScraper": "otel_rl.ray.scraper",

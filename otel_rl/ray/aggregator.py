@@ -287,7 +287,7 @@ class _Heartbeat:
             cls._running = cls(aggregator, worker)
 
     def _run(self) -> None:
-        from otel_rl.timing import open_timers
+        from otel_rl.telemetry.timing import open_timers
 
         while True:
             time.sleep(BEAT_INTERVAL)

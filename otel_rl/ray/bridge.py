@@ -19,11 +19,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from otel_rl.fanout import Fanout
-from otel_rl.fork_safe_log import log as _log
+from otel_rl.core.records import StepBatch
+from otel_rl.delivery.fanout import Fanout
+from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.ray.gpu_metrics import tracker_rows
 from otel_rl.ray.scraper import Collection, RayNodeScraper
-from otel_rl.records import StepBatch
 
 #: The tracker x-axis of GPU data (NeMo RL's name).
 AXIS = "ray/ray_step"
@@ -36,7 +36,7 @@ class GpuMonitor:
 
     ``meter_provider`` gets the ``ray.node.*`` gauges and ``otel_rl.scrape.*`` metrics (pass the
     Logger's side provider: read by Prometheus/OTLP only). ``exporters`` (a
-    :class:`~otel_rl.fanout.Fanout`, or exporters to make one of) get the tracker rows.
+    :class:`~otel_rl.delivery.fanout.Fanout`, or exporters to make one of) get the tracker rows.
     """
 
     def __init__(

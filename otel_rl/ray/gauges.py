@@ -4,7 +4,7 @@ The callbacks run on the reading exporter's thread (the Prometheus scrape, the O
 only read :attr:`RayNodeScraper.latest`, a dict the scraper swaps whole: never the network.
 
 OTel units are base units (bytes, watts), unlike the tracker rows which follow NeMo RL (GiB).
-Names, units, descriptions and attributes: :mod:`otel_rl.catalogue` (docs/metrics.md).
+Names, units, descriptions and attributes: :mod:`otel_rl.core.catalogue` (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from opentelemetry.metrics import Meter, Observation
 
-from otel_rl import catalogue
-from otel_rl.catalogue import Metric
+from otel_rl.core import catalogue
+from otel_rl.core.catalogue import Metric
 from otel_rl.ray.gpu_metrics import MIB, GpuSample, NodeSample
 from otel_rl.ray.scraper import RayNodeScraper
 

@@ -1,6 +1,6 @@
 """The scraper's own health as OTel metrics (``otel_rl.scrape.*``): each round's duration,
 failed node scrapes, series parsed and nodes answering in the last round. Names, units,
-descriptions and attributes: :mod:`otel_rl.catalogue` (docs/metrics.md).
+descriptions and attributes: :mod:`otel_rl.core.catalogue` (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from opentelemetry.metrics import Meter, Observation
 
-from otel_rl import catalogue
+from otel_rl.core import catalogue
 from otel_rl.ray.scraper import Collection, RayNodeScraper
 
 #: Round durations span a few ms (one local node) to the per-node timeout.

@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_rl.fork_safe_log import log as _log
+from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.ray.discovery import (
     DiscoveryError,
     NodeIds,

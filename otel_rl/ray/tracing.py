@@ -28,9 +28,14 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any, cast
 
-from otel_rl.errors import ConfigError
-from otel_rl.fork_safe_log import log as _log
-from otel_rl.tracing import RunIdFromBaggage, hook_active, install_hook, otlp_span_exporter
+from otel_rl.core.errors import ConfigError
+from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.telemetry.tracing import (
+    RunIdFromBaggage,
+    hook_active,
+    install_hook,
+    otlp_span_exporter,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor

@@ -3,7 +3,7 @@ docs/rollout-monitoring.md. Nothing here imports aiohttp or prometheus_client un
 
 from __future__ import annotations
 
-from otel_rl.lazy_exports import lazy_exports
+from otel_rl.core.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
     "RolloutMonitor": "otel_rl.rollout.monitor",

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from otel_rl.fork_safe_log import log as _log
+from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.ray.discovery import (
     DiscoveryError,
     NodeTarget,

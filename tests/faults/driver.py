@@ -1,7 +1,7 @@
 """Run one fault-injection iteration: start the training child, inject the planned faults, kill
 it, replay (itself perhaps killed, then run again), read every tracker back and check.
 
-The MLflow server, when used, is a real ``mlflow server`` (:mod:`tests.servers`); "down" means
+The MLflow server, when used, is a real ``mlflow server`` (:mod:`testkit.servers`); "down" means
 that server stopped while the child runs, then restarted on the same port and store before the
 replay.
 """
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_rl.replay import BUSY_EXIT_CODE
+from otel_rl.cli.replay import BUSY_EXIT_CODE
 from tests.faults import delivered as readers
 from tests.faults.fault_tracker import install_entry_point, set_mode
 from tests.faults.invariant import Counts, Finding, check
@@ -38,7 +38,7 @@ class Harness:
     fsync_interval: float = 0.2
     shutdown_timeout: float = 1.0
     grace: float = DEFAULT_GRACE
-    mlflow: Any = None  # tests.servers.MlflowServer, restarted in place when planned down
+    mlflow: Any = None  # testkit.servers.MlflowServer, restarted in place when planned down
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -158,7 +158,7 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
             if plan.outage_end is not None:
                 timers.append(threading.Timer(plan.outage_end, set_mode, (control, "ok")))
         if plan.mlflow_down_at is not None:
-            from tests.servers import stop_mlflow_server
+            from testkit.servers import stop_mlflow_server
 
             stopper = threading.Timer(plan.mlflow_down_at, stop_mlflow_server, (h.mlflow,))
             timers.append(stopper)
@@ -211,7 +211,7 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
     if stopper is not None:
         stopper.join()
         if h.mlflow.process.poll() is not None:
-            from tests.servers import start_mlflow_server
+            from testkit.servers import start_mlflow_server
 
             port = int(h.mlflow.url.rsplit(":", 1)[1])
             h.mlflow = start_mlflow_server(h.mlflow.workdir, port=port)

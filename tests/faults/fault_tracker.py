@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from otel_rl.exporters.base import TrackerExporter
 from otel_rl.exporters.jsonl import holds_lines_since
 
-from otel_rl.records import RowValue, StepBatch
+from otel_rl.core.records import RowValue, StepBatch
 
 NAME = "faultfile"
 

@@ -1,0 +1,448 @@
+"""What flows from the training thread to the tracker exporters' threads.
+
+Every record kind is a :class:`Record`: it names the exporter hook it goes to (``deliver_to``)
+and how it is written to and read back from the spool (``encode``/``decode``), so that every
+record a tracker is given can also be replayed. Every record is immutable once handed over.
+
+A :class:`StepBatch` carries the logged values of one step (the side channel that keeps NaN and
+text) plus the OTel data collected for that step; its ``rows`` are computed once, lazily, by
+whichever exporter thread asks first — never on the training thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    Metric,
+    MetricsData,
+    Sum,
+)
+
+#: The name of otel-rl's own meter; its instruments are mapped back to the user's keys.
+OWN_SCOPE = "otel_rl"
+
+#: A table's rows, as exporters' ``write_table`` receives them: cells are str, int or float.
+TableRows = Sequence[Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class HistogramValue:
+    """A histogram for one step: explicit bucket bounds, counts per bucket, and totals."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int
+    sum: float
+    min: float
+    max: float
+
+    #: The scalars every histogram also gets in rows, as ``<key>/<stat>``.
+    STATS: ClassVar[tuple[str, ...]] = ("count", "sum", "mean", "min", "max")
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.count if self.count else math.nan
+
+    def stats(self, key: str) -> dict[str, float]:
+        """``{"<key>/count": …, "<key>/sum": …, …}``: the summary scalars of :data:`STATS`."""
+        return {f"{key}/{stat}": float(getattr(self, stat)) for stat in self.STATS}
+
+    def merge(self, other: HistogramValue) -> HistogramValue:
+        if other.bounds != self.bounds:
+            raise ValueError("cannot merge histograms with different bucket bounds")
+        return HistogramValue(
+            self.bounds,
+            tuple(a + b for a, b in zip(self.counts, other.counts, strict=True)),
+            self.count + other.count,
+            self.sum + other.sum,
+            min(self.min, other.min),
+            max(self.max, other.max),
+        )
+
+
+#: A value in a tracker row.
+RowValue = Union[float, str, HistogramValue]  # noqa: UP007 (a runtime alias)
+
+
+class Record:
+    """One kind of thing a tracker is given. Subclasses set ``kind`` (its name in the spool),
+    and implement ``deliver_to`` (call the exporter's hook for it), ``encode`` (a JSON object)
+    and ``decode`` (the record back from that object)."""
+
+    kind: ClassVar[str]
+    #: Record classes by ``kind``, for reading the spool back.
+    kinds: ClassVar[dict[str, type[Record]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Record.kinds[cls.kind] = cls
+
+    def deliver_to(self, exporter: Any) -> None:
+        raise NotImplementedError
+
+    def encode(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Record:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Hyperparams(Record):
+    """Run configuration, flattened to ``{"a/b": value}``."""
+
+    kind: ClassVar[str] = "hyperparams"
+    params: Mapping[str, Any]
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_hyperparams(self.params)
+
+    def encode(self) -> dict[str, Any]:
+        return {"params": {k: plain(v) for k, v in self.params.items()}}
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Hyperparams:
+        return cls(dict(body["params"]))
+
+
+@dataclass(frozen=True)
+class Plot(Record):
+    """A rendered figure (PNG bytes) at a step."""
+
+    kind: ClassVar[str] = "plot"
+    name: str
+    step: int
+    png: bytes
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_plot(self.name, self.step, self.png)
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "step": self.step,
+            "png": base64.b64encode(self.png).decode("ascii"),
+        }
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Plot:
+        return cls(str(body["name"]), int(body["step"]), base64.b64decode(body["png"]))
+
+
+@dataclass(frozen=True)
+class Table(Record):
+    """Rows of a table (e.g. validation samples) at a step; cells are str, int or float."""
+
+    kind: ClassVar[str] = "table"
+    name: str
+    step: int
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_table(self.name, self.step, self.columns, self.rows)
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "step": self.step,
+            "columns": list(self.columns),
+            "rows": [[plain(c) for c in row] for row in self.rows],
+        }
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Table:
+        return cls(
+            str(body["name"]),
+            int(body["step"]),
+            tuple(map(str, body["columns"])),
+            tuple(map(tuple, body["rows"])),
+        )
+
+
+@dataclass(frozen=True)
+class Event(Record):
+    """Something the run's watchers must hear about, at a step: a stall, its end, a straggler.
+
+    Trackers show it as text where they have text (TensorBoard's TEXT tab, an MLflow artifact,
+    SwanLab text, a W&B alert and an HTML panel, a line of ``events.jsonl``); ``name`` is its tag
+    (``otel_rl/stall``), ``level`` ``"warning"`` or ``"info"``.
+    """
+
+    kind: ClassVar[str] = "event"
+    name: str
+    step: int
+    title: str
+    text: str
+    level: str = "warning"
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_event(self)
+
+    def encode(self) -> dict[str, Any]:
+        return {"name": self.name, "step": self.step, "title": self.title, "text": self.text,
+                "level": self.level}  # fmt: skip
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Event:
+        return cls(str(body["name"]), int(body["step"]), str(body["title"]), str(body["text"]),
+                   str(body.get("level", "warning")))  # fmt: skip
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON can hold it: scalars as they are, sequences as lists, the rest as text."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return str(value)
+
+
+@dataclass(eq=False)
+class StepBatch(Record):
+    """Everything logged at one step (or one point of another axis, see ``axis``).
+
+    ``axis`` is ``None`` for the training step; otherwise the name of the custom x-axis
+    (``ray/ray_step`` for GPU data, seconds since the run started) and ``step`` its value.
+    ``step_metrics`` maps a key prefix to the metric W&B should plot it against.
+
+    ``seal`` numbers the training steps a Logger hands over (0, 1, 2, ...). A ``provisional``
+    batch is a checkpoint of a step still being logged: it goes to the spool only, so that a
+    crash during a long step loses at most ``export.fsync_interval`` of it; the sealed batch with
+    the same ``seal`` supersedes it (``otel-rl replay`` delivers a provisional batch only when its
+    step was never sealed).
+    """
+
+    kind: ClassVar[str] = "step"
+    step: int
+    values: Mapping[str, RowValue] = field(default_factory=dict)
+    otel: Sequence[MetricsData] = ()
+    time: float = field(default_factory=time.time)
+    axis: str | None = None
+    step_metrics: Mapping[str, str] = field(default_factory=dict)
+    timer_keys: Mapping[str, str] = field(default_factory=dict)
+    seal: int | None = None
+    provisional: bool = False
+    _rows: dict[str, RowValue] | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def rows(self) -> dict[str, RowValue]:
+        """``{key: value}`` for this step: OTel data first, then the logged values on top."""
+        rows = self._rows
+        if rows is None:
+            with self._lock:
+                rows = self._rows
+                if rows is None:
+                    rows = {}
+                    if self.otel:
+                        rows.update(rows_from_metrics(self.otel, self.timer_keys))
+                    rows.update(self.values)
+                    self._rows = rows
+        return rows
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_step(self.step, self.rows, self)
+
+    def encode(self) -> dict[str, Any]:
+        """The rows are computed here (on the spool thread), never on the caller's."""
+        body: dict[str, Any] = {
+            "step": self.step,
+            "time": self.time,
+            "axis": self.axis,
+            "step_metrics": dict(self.step_metrics),
+            "rows": {k: _encode_value(v) for k, v in self.rows.items()},
+        }
+        if self.seal is not None:
+            body["seal"] = self.seal
+        if self.provisional:
+            body["provisional"] = True
+        return body
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> StepBatch:
+        step, rows = body["step"], body["rows"]
+        if type(step) is not int or not isinstance(rows, dict):
+            raise TypeError(f"step {step!r} / rows of type {type(rows).__name__}")
+        return cls(
+            step=step,
+            values={str(k): _decode_value(v) for k, v in rows.items()},
+            time=float(body["time"]),
+            axis=body["axis"],
+            step_metrics=dict(body.get("step_metrics") or {}),
+            seal=body.get("seal"),
+            provisional=bool(body.get("provisional", False)),
+        )
+
+
+def _encode_value(value: RowValue) -> Any:
+    if isinstance(value, HistogramValue):
+        return {
+            "__histogram__": [
+                list(value.bounds),
+                list(value.counts),
+                value.count,
+                value.sum,
+                value.min,
+                value.max,
+            ]
+        }
+    return value  # float (NaN/inf as JSON's NaN/Infinity tokens, which json reads back) or str
+
+
+def _decode_value(value: Any) -> RowValue:
+    if isinstance(value, dict) and "__histogram__" in value:
+        bounds, counts, count, total, lo, hi = value["__histogram__"]
+        return HistogramValue(tuple(bounds), tuple(counts), count, total, lo, hi)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"row value of type {type(value).__name__}")
+
+
+def scoped_metrics(datas: Iterable[MetricsData]) -> Iterator[tuple[str, Metric]]:
+    """``(scope name, metric)`` of every metric in OTel collections, in collection order."""
+    for data in datas:
+        for resource_metrics in data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    yield scope_metrics.scope.name, metric
+
+
+def last_gauge_value(data: MetricsData, name: str) -> float | None:
+    """The last value of the gauge ``name`` in ``data`` (a step gauge), if it has one."""
+    for _, metric in scoped_metrics((data,)):
+        if metric.name == name and isinstance(metric.data, Gauge) and metric.data.data_points:
+            return float(metric.data.data_points[-1].value)
+    return None
+
+
+def rows_from_metrics(
+    datas: Sequence[MetricsData], timer_keys: Mapping[str, str] | None = None
+) -> dict[str, RowValue]:
+    """Turn OTel data collected during one step into row values.
+
+    ``timer_keys`` maps the instrument names of otel-rl's own timers (scope ``otel_rl``) back to
+    the user's keys; those rows hold the step's total seconds. Other instruments appear under
+    their OTel name, with attributes as ``name{a=1,b=x}``. Gauges give their last value, sums
+    their value (per step for counters, which the step reader reads as deltas), histograms a
+    :class:`HistogramValue` under the key plus ``/count, /sum, /mean, /min, /max`` scalars.
+    Several collections within one step are merged.
+    """
+    numbers: dict[str, float] = {}
+    histograms: dict[str, HistogramValue] = {}
+    timers: set[str] = set()
+    for scope, metric in scoped_metrics(datas):
+        key = timer_keys.get(metric.name) if timer_keys and scope == OWN_SCOPE else None
+        base, kind = (key, "timer") if key is not None else (metric.name, "")
+        _merge_points(metric.data, base, kind, numbers, histograms, timers)
+    rows: dict[str, RowValue] = dict(numbers)
+    for key, hist in histograms.items():
+        if key in timers:
+            rows[key] = hist.sum
+            continue
+        rows[key] = hist
+        rows.update(hist.stats(key))
+    return rows
+
+
+def _merge_points(
+    data: Any,
+    base: str,
+    kind: str,
+    numbers: dict[str, float],
+    histograms: dict[str, HistogramValue],
+    timers: set[str],
+) -> None:
+    for point in data.data_points:
+        key = _with_attributes(base, point.attributes)
+        if isinstance(data, Histogram):
+            hist = HistogramValue(
+                tuple(point.explicit_bounds),
+                tuple(point.bucket_counts),
+                point.count,
+                point.sum,
+                point.min,
+                point.max,
+            )
+            if kind == "timer":
+                timers.add(key)
+            old = histograms.get(key)
+            histograms[key] = old.merge(hist) if old is not None else hist
+        elif isinstance(data, Sum):
+            delta = data.aggregation_temporality == AggregationTemporality.DELTA
+            value = float(point.value)
+            numbers[key] = numbers.get(key, 0.0) + value if delta else value
+        elif isinstance(data, Gauge):
+            numbers[key] = float(point.value)
+        else:  # exponential histograms are configured for OTLP only; keep their totals
+            numbers[f"{key}/count"] = float(point.count)
+            numbers[f"{key}/sum"] = float(point.sum)
+
+
+def _with_attributes(base: str, attributes: Mapping[str, Any] | None) -> str:
+    if not attributes:
+        return base
+    inner = ",".join(f"{k}={attributes[k]}" for k in sorted(attributes))
+    return f"{base}{{{inner}}}"
+
+
+@dataclass(frozen=True)
+class CountedHistogram(HistogramValue):
+    """A histogram of logged values, with how many of them no bucket could hold: NaN has no
+    place on the axis, and an equal-width bin cannot hold ±inf. Rows get them as
+    ``<key>/nan_count`` and ``<key>/inf_count`` next to the histogram, when not zero."""
+
+    nan_count: int = 0
+    inf_count: int = 0
+
+    def left_out(self, key: str) -> dict[str, float]:
+        counts = {f"{key}/nan_count": self.nan_count, f"{key}/inf_count": self.inf_count}
+        return {name: float(n) for name, n in counts.items() if n}
+
+
+def exact_sum(values: Sequence[float]) -> float:
+    """The exact sum as a float (±inf beyond the float range): ``fsum`` raises when a partial
+    sum overflows, though the total may fit, so it is summed at a smaller scale then."""
+    k = 1.0
+    while True:
+        try:
+            return math.fsum(x / k for x in values) * k
+        except OverflowError:
+            k *= 2.0
+
+
+def histogram_of(numbers: Sequence[float], bins: int = 30) -> CountedHistogram:
+    """Equal-width histogram of the finite ``numbers``; NaNs and infinities are counted apart."""
+    finite = [x for x in numbers if math.isfinite(x)]
+    nans = sum(1 for x in numbers if x != x)
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    # Two finite values can be further apart than the largest float: then measure in halves.
+    scale = 0.5 if math.isinf(hi - lo) else 1.0
+    width = (hi * scale - lo * scale) / bins if hi > lo else 1.0
+    bounds = tuple(lo + width / scale * i for i in range(1, bins))
+    counts = [0] * bins
+    for x in finite:
+        counts[min(int((x * scale - lo * scale) / width), bins - 1)] += 1
+    return CountedHistogram(
+        bounds,
+        tuple(counts),
+        len(finite),
+        exact_sum(finite),
+        lo,
+        hi,
+        nan_count=nans,
+        inf_count=len(numbers) - len(finite) - nans,
+    )

@@ -1,0 +1,166 @@
+"""What the training thread hands to a run, on the caller's thread and cheap.
+
+Values are flattened and checked (:func:`otel_rl.core.values.flatten_into`), each new key is
+claimed once (and becomes an observable gauge for Prometheus/OTLP, read on their threads),
+the stall watch is stamped, and the values merge into the pending step. Worker snapshots are
+merged here first; plots and tables have their name and step checked before they are queued.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.metrics import Observation
+
+from otel_rl.core.errors import MetricError
+from otel_rl.core.keys import KeyCollisionError
+from otel_rl.core.paths import safe_relative
+from otel_rl.core.records import OWN_SCOPE
+from otel_rl.core.values import flatten_into
+from otel_rl.distributed.reductions import ReductionRules
+from otel_rl.run.run import Run
+from otel_rl.run.steps import checked_step
+from otel_rl.telemetry.timing import Timer, TimerFactory
+
+
+class Intake:
+    """The caller's side of one :class:`~otel_rl.run.run.Run`."""
+
+    def __init__(
+        self,
+        run: Run,
+        reductions: Mapping[str, Any],
+        *,
+        strict: bool,
+        report: Callable[[object, str], None],
+    ) -> None:
+        self._steps = run.steps
+        self._strict = strict
+        self._report = report
+        self._stats = run.stats
+        self._keys = run.keys
+        self._watch = run.sources.watch
+        self._side_meter = run.pipeline.side_provider.get_meter(OWN_SCOPE)
+        self._side_readers = run.pipeline.has_side_readers
+        self._reductions = ReductionRules(reductions)
+        self._timers = TimerFactory(
+            run.pipeline.provider.get_meter(OWN_SCOPE),
+            run.keys,
+            run.step_spans.tracer if run.step_spans else None,
+        )
+        self._known: set[str] = set()
+        self._latest: dict[str, float] = {}
+
+    def log(
+        self,
+        metrics: Mapping[Any, Any],
+        step: int | None,
+        prefix: str,
+        step_metric: str | None,
+        step_finished: bool,
+    ) -> None:
+        steps = self._steps
+        if steps.closed:
+            self._report("<log_metrics>", "called after finish(); values ignored")
+            return
+        if not isinstance(metrics, Mapping):
+            raise MetricError(metrics, f"metrics must be a mapping, got {type(metrics).__name__}")
+        fresh: dict[str, Any] = {}
+        if step_metric is not None and prefix and step_metric in metrics:
+            # NeMo RL convention: the step metric keeps its own name, unprefixed.
+            metrics = dict(metrics)
+            self._stats["nonfinite"] += flatten_into(
+                fresh, {step_metric: metrics.pop(step_metric)}, "", self._report
+            )
+        self._stats["nonfinite"] += flatten_into(fresh, metrics, prefix, self._report)
+        with steps.lock:
+            # Everything that can refuse the call (the step, a key collision in strict mode)
+            # runs before the pending step changes: a refused call leaves no trace, not even
+            # an empty row at its step.
+            step = steps.resolve(step, self._strict)
+            watch = self._watch
+            if watch is not None:
+                watch.stamp(step, fresh)
+            new = fresh.keys() - self._known
+            if new:
+                self._register(new, fresh)
+                if watch is not None:
+                    watch.new_keys(step, fresh, new)
+            steps.add(step, fresh, prefix, step_metric)
+            if self._side_readers:
+                self._latest.update(fresh)
+            if step_finished:
+                steps.seal()
+
+    def merged(
+        self, snapshots: Sequence[Mapping[str, Any] | None], prefix: str
+    ) -> dict[str, Any] | None:
+        """``WorkerMetrics`` snapshots reduced into one row, or ``None`` (reported) when they
+        cannot be merged."""
+        from otel_rl.distributed.merge import merge_snapshots
+
+        try:
+            report = None if self._strict else self._report
+            return merge_snapshots(snapshots, self._reductions, prefix, report=report)
+        except MetricError:
+            if self._strict:
+                raise
+        except Exception as exc:  # lenient mode: a malformed snapshot must not stop training
+            if self._strict:
+                raise MetricError("<log_worker_metrics>", f"{type(exc).__name__}: {exc}") from exc
+            self._report("<log_worker_metrics>", f"failed: {type(exc).__name__}: {exc}")
+        return None
+
+    def timer(self, name: str) -> Timer:
+        try:
+            return self._timers.timer(name)
+        except KeyCollisionError as exc:
+            raise MetricError(f"timing/{name}", str(exc)) from exc
+
+    def checked_record(self, name: Any, step: Any, what: str) -> int | None:
+        """The step of a plot or table, or ``None`` (reported) when its name or step is refused.
+
+        Trackers get the name as given; file-based ones store it through
+        :func:`otel_rl.core.paths.safe_relative`, so a name with no usable path part is refused
+        here, on the caller's thread, rather than on a tracker's.
+        """
+        try:
+            if not isinstance(name, str):
+                raise MetricError(name, f"{what} name must be a string, got {type(name).__name__}")
+            try:
+                safe_relative(name)
+            except ValueError as exc:
+                raise MetricError(name, f"{what} skipped: {exc}") from None
+            try:
+                return checked_step(step)
+            except MetricError as exc:
+                raise MetricError(name, f"{what} skipped: {exc.reason}") from None
+        except MetricError as exc:
+            self._report(exc.key, exc.reason)  # raises in strict mode
+            return None
+
+    def _register(self, new: set[str], fresh: Mapping[str, Any]) -> None:
+        for key in new:
+            try:
+                name = self._keys.claim(key, "gauge")
+            except KeyCollisionError as exc:
+                # The key still reaches the trackers; only the OTel instrument is refused.
+                self._report(key, str(exc))
+                self._known.add(key)
+                continue
+            self._known.add(key)
+            if self._side_readers and type(fresh[key]) is float:
+                self._side_meter.create_observable_gauge(name, callbacks=[self._observe(key)])
+
+    def _observe(self, key: str) -> Callable[[Any], list[Observation]]:
+        latest = self._latest
+
+        def callback(options: Any) -> list[Observation]:
+            value = latest.get(key)
+            if type(value) is float and math.isfinite(value):
+                return [Observation(value)]
+            return []
+
+        return callback

@@ -1,0 +1,213 @@
+"""The step being logged: values merge into it until it is sealed and handed to the trackers.
+
+A Logger feeds :class:`StepAssembler` from the training thread; the pending-step checkpointer
+reads :meth:`StepAssembler.snapshot` from its own thread. Everything here runs under one lock and
+costs dict updates only: sealing builds a :class:`~otel_rl.core.records.StepBatch` and queues it.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from otel_rl.core.errors import MetricError
+from otel_rl.core.records import Record, StepBatch
+from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.telemetry.tracing import TRACE_ID_KEY
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class StepAssembler:
+    """One training step at a time: merge, seal, snapshot.
+
+    Step semantics (docs/configuration.md#steps): values logged with the same step merge into one
+    row; the row is sealed when another step is logged, on ``step_finished``, or by
+    ``flush``/``finish`` (``final``). What OTel instruments recorded since the previous call
+    (``take_otel``) belongs to the step of the call that takes it.
+
+    ``stats`` is the Logger's public ``stats`` dict: ``steps`` (rows sealed) and
+    ``backwards_steps`` are counted in it. ``on_seal`` callables get each sealed step number (the
+    rollout monitor marks its step there); they must only append to a queue.
+    """
+
+    def __init__(
+        self,
+        *,
+        send: Callable[[Record], Any],
+        take_otel: Callable[[], Sequence[Any]],
+        timer_keys: Mapping[str, str],
+        report: Callable[[object, str], None],
+        stats: dict[str, Any],
+        step_spans: Any = None,
+    ) -> None:
+        self.lock = threading.RLock()
+        self.on_seal: list[Callable[[int], None]] = []
+        self.closed = False
+        self._send = send
+        self._take_otel = take_otel
+        self._timer_keys = timer_keys
+        self._report = report
+        self._stats = stats
+        self._spans = step_spans
+        self._values: dict[str, Any] = {}
+        self._otel: list[Any] = []
+        self._step: int | None = None
+        self._step_metrics: dict[str, str] = {}
+        self._last: int | None = None
+        self._checkpointed: tuple[Any, ...] | None = None
+        self._trace_key_taken = False
+
+    @property
+    def last_step(self) -> int | None:
+        """The highest step sealed so far."""
+        return self._last
+
+    def resolve(self, step: object, strict: bool) -> int:
+        """The step a call logs at (``None``: the current one, else the one after the last);
+        raises :class:`MetricError` for a step no tracker could store. Caller holds the lock."""
+        if step is None:
+            if self._step is not None:
+                return self._step
+            return 0 if self._last is None else self._last + 1
+        step = step if type(step) is int else integral_step(step)
+        if not INT64_MIN <= step <= INT64_MAX:
+            # Every tracker stores steps as int64: such a step could never be written.
+            raise MetricError(
+                "<step>", f"step {step} is outside the signed 64-bit range trackers store; "
+                "this call's values are dropped",
+            )  # fmt: skip
+        seen = [s for s in (self._last, self._step) if s is not None]
+        last = max(seen) if seen else None
+        if last is not None and step < last and step != self._step:
+            self._stats["backwards_steps"] += 1
+            if self._stats["backwards_steps"] == 1 or strict:
+                self._report(
+                    "<step>",
+                    f"step went backwards ({last} -> {step}); the rows are still sent (see "
+                    "docs/backends/README.md for what each tracker does with them); further "
+                    "backwards steps are only counted in logger.stats['backwards_steps']",
+                )
+        return step
+
+    def add(
+        self, step: int, values: Mapping[str, Any], prefix: str, step_metric: str | None
+    ) -> None:
+        """Merge ``values`` into ``step`` (sealing the pending step if it is another one).
+        Caller holds the lock and has resolved ``step``."""
+        if self._step is not None and step != self._step:
+            self.seal()
+        self._step = step
+        self._values.update(values)
+        self._otel.extend(self._take_otel())
+        if self._spans is not None:
+            self._spans.take(step)
+        if step_metric is not None:
+            self._step_metrics[prefix] = step_metric
+
+    def seal(self, final: bool = False) -> None:
+        """Hand the pending step to the trackers (caller holds the lock). ``final``: a seal by
+        ``flush``/``finish``, which also takes what OTel instruments recorded since."""
+        if final:
+            self._otel.extend(self._take_otel())
+        step = self._step
+        if step is None:
+            if not self._otel:
+                return
+            step = 0 if self._last is None else self._last + 1
+        if self._spans is not None:
+            trace_id = self._spans.seal(step, final)
+            if trace_id is not None:  # the row names the trace of its step
+                if TRACE_ID_KEY not in self._values:
+                    self._values[TRACE_ID_KEY] = trace_id
+                elif not self._trace_key_taken:
+                    # The caller's own value wins: their data is never overwritten.
+                    self._trace_key_taken = True
+                    _log.warning(
+                        "otel-rl: the key %r is logged by the application, so rows keep that "
+                        "value and do not name their step's trace (tracing.enabled)",
+                        TRACE_ID_KEY,
+                    )
+        for hook in self.on_seal:
+            hook(step)
+        batch = StepBatch(
+            step=step,
+            values=self._values,
+            otel=tuple(self._otel),
+            step_metrics=dict(self._step_metrics),
+            timer_keys=self._timer_keys,
+            seal=self._stats["steps"],
+        )
+        self._values = {}
+        self._otel = []
+        self._step = None
+        self._last = step if self._last is None else max(step, self._last)
+        self._stats["steps"] += 1
+        self._send(batch)
+
+    def close(self) -> bool:
+        """Seal what is pending and refuse snapshots from now on; ``False`` if already closed."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.seal(final=True)
+            self.closed = True
+            return True
+
+    def snapshot(self) -> StepBatch | None:
+        """The step still being logged, if it changed since the last snapshot, as a provisional
+        batch for the spools (checkpoint thread; the lock is held for a dict copy)."""
+        with self.lock:
+            if self._step is None or self.closed:
+                return None
+            state = (self._step, len(self._otel), self._values)
+            if self._checkpointed == state:
+                return None
+            values = dict(self._values)
+            self._checkpointed = (state[0], state[1], values)
+            return StepBatch(
+                step=self._step,
+                values=values,
+                otel=tuple(self._otel),
+                step_metrics=dict(self._step_metrics),
+                timer_keys=self._timer_keys,
+                seal=self._stats["steps"],
+                provisional=True,
+            )
+
+
+def checked_step(step: Any) -> int:
+    """``step`` as an int inside int64, or :class:`MetricError` (for plots and tables)."""
+    checked = step if type(step) is int else integral_step(step)
+    if not INT64_MIN <= checked <= INT64_MAX:
+        raise MetricError("<step>", f"step {checked} is outside int64")
+    return checked
+
+
+def integral_step(step: Any) -> int:
+    """``step`` as an int: ints and integer types (numpy, 0-d integer tensors) as they are, a
+    float only when it is a whole number (``3.0``); bool, text and ``8.9`` are refused."""
+    if isinstance(step, bool) or type(step).__name__ in ("bool_", "bool"):
+        raise MetricError("<step>", f"step must be an integer, got the boolean {step!r}")
+    if isinstance(step, (str, bytes)):
+        raise MetricError(
+            "<step>", f"step must be an integer or None, got {type(step).__name__} {step!r:.40}"
+        )
+    try:
+        return operator.index(step)  # numpy integers, integer tensors
+    except TypeError:
+        pass
+    try:
+        number = float(step)
+    except (TypeError, ValueError, OverflowError):
+        raise MetricError(
+            "<step>", f"step must be an integer or None, got {type(step).__name__}"
+        ) from None
+    if not number.is_integer():
+        raise MetricError(
+            "<step>", f"step must be a whole number, got {number!r} "
+            "(steps are never rounded: pass int(step) if that is what you mean)",
+        )  # fmt: skip
+    return int(number)

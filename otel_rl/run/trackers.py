@@ -1,0 +1,136 @@
+"""The run's tracker exporters: built from the config (plus those the caller gives), each given
+the run's ``export.*`` options and a spool folder of its own, started, and stopped by a deadline.
+
+Where a tracker spools is decided here, once: ``<log_dir>/.otel-rl/spool/<tracker>/<run id>``,
+the run id always a single folder name, and never the folder of a dead run whose records still
+wait for ``otel-rl replay``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from otel_rl.core.errors import ConfigError
+from otel_rl.core.paths import folder_name
+from otel_rl.core.redaction import Patterns, redact_nested
+from otel_rl.delivery.options import ExportOptions
+from otel_rl.delivery.registry import enabled_backends, exporter_class
+from otel_rl.delivery.spool import SpoolBusy, holder_of, spool_root, waiting_records
+from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, Part, stop_in_parallel
+from otel_rl.process.fork_safe_log import log as _log
+
+
+class RunTrackers:
+    """The tracker exporters of one run (``exporters``), in the order they were enabled."""
+
+    def __init__(
+        self,
+        cfg: Mapping[str, Any],
+        given: Sequence[Any],
+        *,
+        run_id: str,
+        options: ExportOptions,
+        redaction: Patterns,
+    ) -> None:
+        self._cfg = cfg
+        self._run_id = run_id
+        self._log_dir = Path(cfg["log_dir"])
+        self._options = options
+        self._redaction = redaction
+        self.exporters: list[Any] = [
+            exporter_class(name).from_config(cfg) for name in enabled_backends(cfg)
+        ]
+        self.exporters.extend(given)
+        self._folders: set[str] = set()
+
+    def start(self) -> None:
+        """Attach and start every exporter; on failure, stop those started and raise."""
+        try:
+            for exporter in self.exporters:  # the same export.* for every exporter
+                self._attach(exporter)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def stopping(self, deadline: Deadline, exit_code: int) -> list[Part]:
+        """Each exporter's shutdown by ``deadline`` (drained, then closed with the exit code)."""
+        return [
+            (f"tracker {getattr(e, 'name', type(e).__name__)}",
+             partial(_shutdown, e, deadline, exit_code))
+            for e in self.exporters
+        ]  # fmt: skip
+
+    def abandon(self) -> None:
+        """The run failed to start: stop the trackers started so far (nothing was logged)."""
+        deadline = Deadline(1.0)
+        started = [e for e in self.exporters if getattr(e, "started", False)]
+        parts = [(f"tracker {e.name}", partial(_shutdown, e, deadline, 0)) for e in started]
+        stop_in_parallel(parts, deadline.at + SHUTDOWN_GRACE)
+
+    def _attach(self, exporter: Any) -> None:
+        if not hasattr(exporter, "attach"):
+            return  # a duck-typed exporter with its own delivery
+        if exporter.started:
+            _log.warning(
+                "otel-rl: exporter %s was started before it was given to the Logger; it keeps "
+                "its own export options and spool", exporter.name,
+            )  # fmt: skip
+            return
+        spool = self._spool_options(exporter.name)
+        # A tracker of one's own may override attach() without the redaction keyword.
+        if "redaction" in inspect.signature(exporter.attach).parameters:
+            spool["redaction"] = self._redaction
+        exporter.attach(self._options, **spool)
+        try:
+            exporter.start()
+        except SpoolBusy as busy:
+            raise ConfigError(
+                f"run_id {self._run_id!r} is already in use in {self._log_dir}: its "
+                f"{exporter.name} spool is held by {busy.holder}; give each run its own run_id "
+                "(or leave it unset for a fresh one)"
+            ) from None
+
+    def _spool_options(self, tracker: str) -> dict[str, Any]:
+        if not self._cfg["export"]["spool"]:
+            return {}
+        # Two exporters of one name (instances given twice) each get a spool of their own.
+        folder, n = folder_name(tracker), 2
+        while folder in self._folders:
+            folder, n = f"{folder_name(tracker)}-{n}", n + 1
+        self._folders.add(folder)
+        return {
+            "spool_dir": self._spool_dir_of(spool_root(self._log_dir) / folder, tracker),
+            "spool_meta": {
+                "run_id": self._run_id,
+                "log_dir": str(self._log_dir),
+                # Relative paths of the config start here (``otel-rl replay`` runs there).
+                "cwd": os.getcwd(),
+                "config": redact_nested(self._cfg, extra_patterns=self._redaction),
+            },
+        }
+
+    def _spool_dir_of(self, tracker_root: Path, tracker: str) -> Path:
+        """The run's spool folder for one tracker. The run id names a folder of its own
+        whatever it holds ("exp/1", ".."). A run started again with the run id of one that died
+        with records waiting (for ``otel-rl replay``) spools beside them, never over them: its
+        deliveries would otherwise mark the dead run's records done."""
+        base = tracker_root / folder_name(self._run_id)
+        directory, n = base, 2
+        while (waiting := waiting_records(directory)) and holder_of(directory) is None:
+            if directory == base:
+                _log.warning(
+                    "otel-rl: %s: run_id %r already has %d record(s) waiting in %s from an "
+                    "earlier process; they stay there for `otel-rl replay %s`, and this run "
+                    "spools beside them", tracker, self._run_id, waiting, base, self._log_dir,
+                )  # fmt: skip
+            directory, n = base.with_name(f"{base.name}%restart-{n}"), n + 1
+        return directory
+
+
+def _shutdown(exporter: Any, deadline: Deadline, exit_code: int) -> None:
+    exporter.shutdown(timeout_millis=deadline.left() * 1000, exit_code=exit_code)

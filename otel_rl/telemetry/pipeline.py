@@ -1,0 +1,214 @@
+"""One run's OTel plumbing: resource, meter providers, readers and operator outputs.
+
+Two providers share one resource:
+
+- ``provider`` holds timers and every instrument that code creates through OTel's API. Its
+  :class:`StepReader` is collected at each ``log_metrics`` call on the caller's thread, so what
+  those instruments record is attributed to the step it happened in.
+- ``side_provider`` holds one observable gauge per logged key (whose callback reads the latest
+  value) plus otel-rl's own telemetry and GPU data. It is read only by the operator outputs
+  (Prometheus, OTLP) on their own threads, never at a step boundary: collecting 100 gauges
+  costs ~1 ms, which the training thread must not pay every step.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics._internal.exemplar import AlwaysOffExemplarFilter
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.resources import Resource
+
+from otel_rl.core.errors import ConfigError
+from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.telemetry.step_reader import StepReader
+
+
+def build_resource(cfg: Mapping[str, Any], run_id: str) -> Resource:
+    """Resource attributes that identify the run.
+
+    ``otel_rl.*`` always come from the config (they must name this run exactly).
+    ``service.name``: config ``service_name``, else ``OTEL_SERVICE_NAME``, else ``service.name``
+    in ``OTEL_RESOURCE_ATTRIBUTES``, else ``otel-rl``. Every other key of
+    ``OTEL_RESOURCE_ATTRIBUTES`` (``host.name`` included, to name a node as the cluster does)
+    wins over what is detected here.
+    """
+    from opentelemetry.sdk.resources import OTELResourceDetector
+
+    env = OTELResourceDetector().detect().attributes
+    attributes: dict[str, Any] = {
+        "otel_rl.run_id": run_id,
+        "otel_rl.role": str(cfg["role"]),
+        "otel_rl.rank": int(cfg["rank"]),
+        "process.pid": os.getpid(),
+    }
+    if "host.name" not in env:
+        attributes["host.name"] = socket.gethostname()
+    if cfg.get("experiment"):
+        attributes["otel_rl.experiment"] = str(cfg["experiment"])
+    attributes["service.name"] = (
+        cfg.get("service_name")
+        or os.environ.get("OTEL_SERVICE_NAME", "").strip()
+        or env.get("service.name")
+        or "otel-rl"
+    )
+    return Resource.create(attributes)
+
+
+class Pipeline:
+    """Builds the providers and operator outputs for one run, and shuts them down.
+
+    What can fail (the OTLP environment, the OTLP packages, the Prometheus port) is done before
+    any reader thread starts, and a failure closes what was opened: a ``Pipeline`` that raises
+    leaves no server, thread or socket behind.
+    """
+
+    def __init__(self, cfg: Mapping[str, Any], resource: Resource) -> None:
+        self.resource = resource
+        self.step_reader = StepReader()
+        self._closers: list[Callable[[], None]] = []
+        self.prometheus_url: str | None = None
+        self.otlp_endpoint: str | None = None
+        #: The resolved OTLP settings (``otlp.enabled``), else ``None``.
+        try:
+            self._build(cfg, resource)
+        except BaseException:
+            self._close_outputs()
+            raise
+
+    def _build(self, cfg: Mapping[str, Any], resource: Resource) -> None:
+        main_readers: list[MetricReader] = [self.step_reader]
+        side_readers: list[MetricReader] = []
+        otlp = None
+        if cfg["otlp"]["enabled"]:
+            from otel_rl.telemetry.otlp import OtlpOutput
+
+            otlp = OtlpOutput(cfg["otlp"], providers=2)
+            self._closers.append(otlp.close)
+            self.otlp_endpoint = otlp.settings.endpoint
+        if cfg["prometheus"]["enabled"]:
+            self._add_prometheus(cfg["prometheus"], main_readers, side_readers)
+        if otlp is not None:
+            # From here on the readers own the exporters (and shut them down).
+            self._closers.remove(otlp.close)
+            main_reader, side_reader = otlp.readers()
+            main_readers.append(main_reader)
+            side_readers.append(side_reader)
+            _log.info("otel-rl: pushing OTLP metrics to %s", self.otlp_endpoint)
+
+        def provider(readers: list[MetricReader]) -> MeterProvider:
+            return MeterProvider(
+                metric_readers=readers,
+                resource=resource,
+                exemplar_filter=AlwaysOffExemplarFilter(),
+                shutdown_on_exit=False,
+            )
+
+        self.provider = provider(main_readers)
+        self.side_provider = provider(side_readers)
+        self.has_side_readers = bool(side_readers)
+        if otlp is not None:
+            from otel_rl.core.records import OWN_SCOPE
+            from otel_rl.telemetry.self_telemetry import install_otlp_telemetry
+
+            install_otlp_telemetry(self.side_provider.get_meter(OWN_SCOPE), otlp.failures)
+
+    def _add_prometheus(
+        self,
+        prom: Mapping[str, Any],
+        main_readers: list[MetricReader],
+        side_readers: list[MetricReader],
+    ) -> None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        host, port = str(prom["host"]), int(prom["port"])
+        try:
+            server, thread = start_http_server(port, addr=host, registry=registry)
+            thread.name = "otel-rl-prometheus"  # ours, in a stall report's list of threads
+        except OSError as exc:
+            raise ConfigError(_listen_problem(host, port, exc)) from None
+        bound = server.server_address[1]
+
+        def close_server() -> None:
+            server.shutdown()
+            server.server_close()
+
+        self._closers.append(close_server)
+        main_readers.append(PrometheusMetricReader(registry=registry))
+        # One target_info per endpoint: the second reader must not render it again.
+        side_readers.append(PrometheusMetricReader(registry=registry, disable_target_info=True))
+        self.prometheus_url = f"http://{host}:{bound}/metrics"
+        self.prometheus_registry = registry
+        _log.info("otel-rl: Prometheus metrics at %s", self.prometheus_url)
+
+    def _close_outputs(self) -> None:
+        for close in self._closers:
+            try:
+                close()
+            except Exception as exc:
+                _log.warning("otel-rl: closing an output: %s", exc)
+
+    def shutdown(self, timeout_millis: float) -> None:
+        """Shut both providers down (final OTLP export within its timeout), then the server.
+
+        The providers shut down in parallel: each makes a final OTLP export, and against a
+        collector that is down each takes the whole OTLP timeout; one after the other would
+        double what ``finish()`` costs.
+        """
+        threads = [
+            threading.Thread(
+                target=_shutdown_provider, args=(provider, timeout_millis), daemon=True
+            )
+            for provider in (self.provider, self.side_provider)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout_millis / 1000 + 0.5
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._close_outputs()
+
+
+def _listen_problem(host: str, port: int, exc: OSError) -> str:
+    """Why the Prometheus endpoint cannot listen, naming the key to change."""
+    if isinstance(exc, socket.gaierror):
+        return (
+            f"logger config 'prometheus.host': cannot listen on {host!r}: {exc.strerror or exc} "
+            "(give an address or a name of this machine, e.g. 127.0.0.1 or 0.0.0.0)"
+        )
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"logger config 'prometheus.port': port {port} on {host} is already in use "
+            "(by another process, or by another Logger in this process); choose another port, "
+            "or 0 to pick a free one (Logger.prometheus_url then says which)"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"logger config 'prometheus.host': {host} is not an address of this machine "
+            f"({exc.strerror}); use 127.0.0.1, 0.0.0.0 or one of its interfaces' addresses"
+        )
+    if exc.errno == errno.EACCES:
+        return (
+            f"logger config 'prometheus.port': port {port} on {host} is not allowed to this "
+            f"process ({exc.strerror}); ports below 1024 need privileges: choose another, or 0"
+        )
+    return (
+        f"logger config 'prometheus.host'/'prometheus.port': cannot listen on {host}:{port}: "
+        f"{exc.strerror or exc}"
+    )
+
+
+def _shutdown_provider(provider: MeterProvider, timeout_millis: float) -> None:
+    try:
+        provider.shutdown(timeout_millis=timeout_millis)
+    except Exception as exc:  # shutdown must finish whatever one reader does
+        _log.warning("otel-rl: meter provider shutdown: %s", exc)

@@ -1,0 +1,1 @@
+"""Watching the run: the stall watchdog, its reports, and the straggler watch."""

@@ -1,0 +1,292 @@
+"""What a run's watchers hear when it stops moving or waits for one rank: the glue between the
+training loop, the stall watchdog (:mod:`otel_rl.watch.stalls`), the straggler watch
+(:mod:`otel_rl.watch.stragglers`) and the run's outputs.
+
+On the training thread :meth:`RunWatch.stamp` costs a clock read and two attribute checks per
+``log_metrics`` call. Everything else happens on the watchdog's thread: the report, one warning
+through ``logging``, an :class:`~otel_rl.core.records.Event` to every tracker, a span event on the
+current ``rl.step`` span (tracing) and an OTel log record (OTLP), and the gauges
+``otel_rl.stalled`` and ``otel_rl.seconds_since_step`` that Prometheus and OTLP read.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from otel_rl.core.records import Event
+from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.watch.stalls import (
+    StallReport,
+    StallWatchdog,
+    gpu_readings,
+    nccl_flight_recorder,
+    ray_stacks,
+    seconds,
+    thread_stacks,
+)
+from otel_rl.watch.stragglers import Straggler, StragglerWatch
+
+__all__ = ["STALL_SECONDS_KEY", "RunWatch"]
+
+#: The row that carries a stall's length, at the first step after it.
+STALL_SECONDS_KEY = "stall/seconds"
+STALL_EVENT = "otel_rl/stall"
+STRAGGLER_EVENT = "otel_rl/straggler"
+
+
+class RunWatch:
+    """The stall watchdog and the straggler watch of one run, and everything they tell.
+
+    ``send`` queues a record for the trackers; ``step_spans`` (tracing) gets span events;
+    ``log_records`` (OTLP) emits OTel log records; ``gpu_latest`` returns the GPU bridge's last
+    readings by node.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        log_dir: Path,
+        section: Mapping[str, Any],
+        send: Callable[[Any], Any],
+        step_spans: Any = None,
+        log_records: Any = None,
+        gpu_latest: Callable[[], Mapping[int, Any]] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.report_dir = log_dir / "stalls"
+        self._send = send
+        self._step_spans = step_spans
+        self._log_records = log_records
+        self._gpu_latest = gpu_latest
+        self._stacks_timeout = float(section["stacks_timeout"])
+        self.last_call: float | None = None
+        self._step: int | None = None
+        self._step_starts: deque[float] = deque(maxlen=32)
+        self._watched: list[str] = []
+        self.stragglers = StragglerWatch(
+            int(section["straggler_window"]), self._on_straggler, float(section["straggler_skew"])
+        )
+        self.watchdog: StallWatchdog | None = None
+        if section["enabled"]:
+            self.watchdog = StallWatchdog(
+                run_id=run_id,
+                report_dir=self.report_dir,
+                after=float(section["after"]),
+                factor=float(section["factor"]),
+                activity=self._activity,
+                gather=self._gather,
+                on_stall=self._on_stall,
+                on_end=self._on_end,
+            )
+            self.watchdog.start()
+
+    # ---- training thread -----------------------------------------------------------------------
+
+    def stamp(self, step: int, values: dict[str, Any]) -> None:
+        """A ``log_metrics`` call at ``step`` with ``values`` (added to: ``stall/seconds`` at
+        the first call after a stall)."""
+        now = time.monotonic()
+        self.last_call = now
+        if step != self._step:
+            self._step = step
+            self._step_starts.append(now)
+        watchdog = self.watchdog
+        if watchdog is not None and watchdog.current is not None:
+            length = watchdog.resumed()
+            if length is not None:
+                values[STALL_SECONDS_KEY] = length
+        if self._watched:
+            self._observe(step, values, self._watched)
+
+    def new_keys(self, step: int, values: Mapping[str, Any], keys: Any) -> None:
+        """Keys logged for the first time: a reduced timing's ``slowest_rank`` is watched."""
+        watched = [k for k in keys if StragglerWatch.watches(k)]
+        if watched:
+            self._watched += watched
+            self._observe(step, values, watched)
+
+    def _observe(self, step: int, values: Mapping[str, Any], keys: list[str]) -> None:
+        for key in keys:
+            rank = values.get(key)
+            if type(rank) is float:
+                skew = values.get(key[: -len("slowest_rank")] + "skew")
+                self.stragglers.observe(step, key, rank, skew if type(skew) is float else None)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop watching: a stall's end still pending is told first (to the trackers, which
+        are still open), then OTLP's log records are sent within ``timeout``."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self._log_records is not None:
+            self._log_records.shutdown(timeout)
+
+    # ---- what Prometheus and OTLP read ---------------------------------------------------------
+
+    def stalled(self) -> int:
+        return int(self.watchdog is not None and self.watchdog.stalled)
+
+    def seconds_since_step(self) -> float:
+        if self.watchdog is not None:
+            return self.watchdog.seconds_since_step()
+        return 0.0 if self.last_call is None else time.monotonic() - self.last_call
+
+    # ---- the watchdog's thread -----------------------------------------------------------------
+
+    def _activity(self) -> tuple[float | None, int | None, list[float]]:
+        return self.last_call, self._step, list(self._step_starts)
+
+    def _gather(self, report: StallReport) -> None:
+        from otel_rl.telemetry.timing import open_timers
+        from otel_rl.watch.stalls import thread_names
+
+        names = thread_names()
+        now = time.monotonic()
+        report.open_timers = {
+            names.get(ident, str(ident)): [
+                {"name": n, "seconds": round(now - at, 3)} for n, at in stack
+            ]
+            for ident, stack in open_timers().items()
+        }
+        watchdog = self.watchdog
+        skip = watchdog._thread.ident if watchdog is not None else None
+        report.threads = thread_stacks(skip=skip)
+        deadline = time.monotonic() + self._stacks_timeout
+        report.ray = ray_stacks(self._stacks_timeout)
+        report.workers = _worker_timers(max(0.5, deadline - time.monotonic()))
+        report.gpus = gpu_readings(self._gpu_latest() if self._gpu_latest else {})
+        report.stragglers = [s.describe() for s in self.stragglers.found]
+        report.stragglers += [
+            f"{name}: still inside {' > '.join(t[0] for t in stack)}"
+            for name, info in report.workers.items()
+            if isinstance(info, Mapping)
+            for stack in (info.get("timers") or {}).values()
+            if stack
+        ]
+        stamp = datetime.datetime.fromtimestamp(report.began, datetime.timezone.utc)
+        report.nccl = nccl_flight_recorder(self.report_dir, f"{stamp:%Y%m%dT%H%M%SZ}")
+
+    def _on_stall(self, report: StallReport) -> None:
+        _log.warning("otel-rl: %s", report.summary)
+        step = report.step if report.step is not None else 0
+        title = f"run stalled: no step for {seconds(report.since_step)}"
+        self._tell(Event(STALL_EVENT, step, title, report.summary), "otel_rl.stall",
+                   {"otel_rl.stall.report": str(report.path or ""),
+                    "otel_rl.stall.seconds": round(report.since_step, 3)})  # fmt: skip
+
+    def _on_end(self, report: StallReport, length: float) -> None:
+        text = f"stall ended: steps resumed after {length:.1f} s without one"
+        where = f" (report {report.path})" if report.path is not None else ""
+        _log.warning("otel-rl: run %s: %s%s", self.run_id, text, where)
+        step = self._step if self._step is not None else 0
+        self._tell(Event(STALL_EVENT, step, text, text, level="info"), "otel_rl.stall.ended",
+                   {"otel_rl.stall.report": str(report.path or ""),
+                    "otel_rl.stall.seconds": round(length, 3)})  # fmt: skip
+
+    def _on_straggler(self, found: Straggler) -> None:
+        text = found.describe()
+        _log.warning("otel-rl: %s", text)
+        event = Event(STRAGGLER_EVENT, found.step, f"straggler: rank {found.rank}", text)
+        self._tell(event, "otel_rl.straggler",
+                   {"otel_rl.timing": found.timing, "otel_rl.rank": found.rank})  # fmt: skip
+
+    def _tell(self, event: Event, name: str, attributes: dict[str, Any]) -> None:
+        """The event to every tracker, the current step's span and OTLP's logs."""
+        attributes = {"otel_rl.run_id": self.run_id, "otel_rl.summary": event.text, **attributes}
+        outputs: list[Callable[[], Any]] = [lambda: self._send(event)]
+        if self._step_spans is not None:
+            outputs.append(lambda: self._step_spans.add_event(name, attributes))
+        if self._log_records is not None:
+            outputs.append(lambda: self._log_records.emit(event, attributes))
+        for deliver in outputs:
+            try:
+                deliver()
+            except Exception as exc:  # one output failing must not silence the others
+                _log.warning("otel-rl: could not report %s: %s", name, exc)
+
+
+def _worker_timers(timeout: float) -> dict[str, Any]:
+    """What the metrics aggregator's workers last said of their open timers (when Ray runs one)."""
+    if "ray" not in sys.modules:
+        return {}
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    from otel_rl.ray.aggregator import DEFAULT_NAME, MetricsAggregator
+
+    try:
+        ray.get_actor(DEFAULT_NAME)
+    except ValueError:
+        return {}
+    try:
+        return MetricsAggregator.connect().open_timers(timeout)
+    except Exception as exc:
+        return {"<aggregator>": f"no answer within {timeout:.1f} s ({type(exc).__name__})"}
+
+
+class OtlpLogRecords:
+    """OTel log records for the run's events, pushed to the OTLP endpoint's ``/v1/logs`` (HTTP)
+    or its gRPC logs service, with the run's resource; built on the first event."""
+
+    def __init__(self, otlp: Mapping[str, Any], resource: Any) -> None:
+        self._otlp = otlp  # the ``otlp:`` config section
+        self._resource = resource
+        self._provider: Any = None
+        self._logger: Any = None
+
+    def emit(self, event: Event, attributes: Mapping[str, Any]) -> None:
+        from opentelemetry._logs import SeverityNumber
+
+        if self._logger is None:
+            self._logger = self._build()
+        severity = SeverityNumber.WARN if event.level == "warning" else SeverityNumber.INFO
+        fields = {
+            "timestamp": time.time_ns(),
+            "severity_number": severity,
+            "severity_text": "WARN" if event.level == "warning" else "INFO",
+            "body": event.text,
+            "attributes": {"event.name": event.name, **attributes},
+        }
+        try:
+            self._logger.emit(**fields, event_name=event.name)
+        except TypeError:  # an SDK before keyword emit(): a LogRecord object
+            import opentelemetry.sdk._logs as logs
+
+            record = logs.LogRecord(**fields, resource=self._resource)  # type: ignore[attr-defined]
+            self._logger.emit(record)
+
+    def shutdown(self, timeout: float) -> None:
+        """Send what is queued, giving up after ``timeout`` seconds (a collector that is down
+        must not hold the run's end)."""
+        provider = self._provider
+        if provider is None:
+            return
+        import threading
+
+        closing = threading.Thread(target=provider.shutdown, name="otel-rl-log-records",
+                                   daemon=True)  # fmt: skip
+        closing.start()
+        closing.join(timeout)
+
+    def _build(self) -> Any:
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+        from otel_rl.telemetry.otlp import WatchedLogExporter, build_log_exporter, resolve_otlp
+
+        exporter = build_log_exporter(resolve_otlp(self._otlp, signal="logs"))
+        self._provider = LoggerProvider(resource=self._resource, shutdown_on_exit=False)
+        # A collector that is down costs the one warning the metrics path gives, not a line each;
+        # and the export runs on the processor's thread, never holding up the watchdog's.
+        watched: Any = WatchedLogExporter(exporter)
+        self._provider.add_log_record_processor(
+            BatchLogRecordProcessor(watched, schedule_delay_millis=200)
+        )
+        return self._provider.get_logger("otel_rl")

@@ -1,0 +1,528 @@
+"""When a run stops moving: the stall watchdog and the report that says where it stopped.
+
+The training thread only stamps the time of each ``log_metrics`` call and of each new step
+(:class:`~otel_rl.run.steps.StepAssembler`). A :class:`StallWatchdog` (one daemon thread) reads
+those stamps: when no call came for longer than ``max(stalls.after, stalls.factor * median step time
+of the recent steps)``, the run is *stalled*. It then writes ``<log_dir>/stalls/<step>-<time>.txt``
+and a ``.json`` twin holding: the last step and how long ago, the timers open on every thread
+(outermost first), the Python stack of every thread, the stacks of the run's Ray actors (Ray's
+state API for the pids, ``py-spy`` for the stacks, within ``stalls.stacks_timeout``; the reason is
+written when they cannot be had), the timers open in workers that reported them, the last GPU
+readings of the GPU bridge, the ranks that keep being the slowest, and PyTorch's NCCL flight
+recorder dump of this process when it is on. Whoever watches is told through ``on_stall`` (the
+Logger: gauges, an event to every output, one warning); when the next step comes, through
+``on_end`` (the stall's length), and "stall ended" is added to the report.
+
+Nothing here runs on the training thread, and a failure to gather one part of the report is
+written into the report instead of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import itertools
+import json
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_rl.process.fork_safe_log import log as _log
+
+__all__ = ["StallReport", "StallWatchdog", "stall_threshold"]
+
+#: Steps whose durations make the "median step time" of the threshold.
+RECENT_STEPS = 20
+
+
+def seconds(value: float) -> str:
+    """``612 s``, ``2.5 s``, ``0.25 s``: as many digits as the size of the number needs."""
+    return f"{value:.0f} s" if value >= 10 else f"{value:.2g} s"
+
+
+def stall_threshold(after: float, factor: float, step_starts: Sequence[float]) -> float:
+    """Seconds without a step after which the run is stalled: ``max(after, factor * median of the
+    recent step durations)`` (``after`` alone before two steps have started)."""
+    starts = list(step_starts)[-(RECENT_STEPS + 1) :]
+    durations = [b - a for a, b in itertools.pairwise(starts)]
+    if not durations:
+        return after
+    return max(after, factor * statistics.median(durations))
+
+
+@dataclass
+class StallReport:
+    """One stall: what was known when it began, and how it ended."""
+
+    run_id: str
+    step: int | None  # the last step logged (None: none yet)
+    began: float  # Unix time the watchdog saw the stall
+    since_step: float  # seconds without a step then
+    threshold: float
+    threshold_reason: str
+    open_timers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    threads: dict[str, list[str]] = field(default_factory=dict)
+    ray: dict[str, Any] = field(default_factory=dict)
+    workers: dict[str, Any] = field(default_factory=dict)
+    gpus: dict[str, Any] = field(default_factory=dict)
+    stragglers: list[str] = field(default_factory=list)
+    nccl: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+    ended: dict[str, Any] | None = None
+    #: Monotonic time of the last ``log_metrics`` call before the stall.
+    last_call: float = 0.0
+
+    @property
+    def summary(self) -> str:
+        """One paragraph: how long, since which step, inside which timers."""
+        last = "no step logged yet" if self.step is None else f"last step {self.step}"
+        where = "; ".join(
+            f"{thread}: {' > '.join(t['name'] for t in timers)}"
+            for thread, timers in self.open_timers.items()
+            if timers
+        )
+        text = (
+            f"run {self.run_id} stalled: no step for {seconds(self.since_step)} ({last}; "
+            f"threshold {seconds(self.threshold)})"
+        )
+        if where:
+            text += f"; open timers: {where}"
+        if self.stragglers:
+            text += f"; {self.stragglers[0]}"
+        text += f"; report: {self.path}" if self.path is not None else "; no report (see above)"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "last_step": self.step,
+            "stalled_at": _iso(self.began),
+            "seconds_since_step": round(self.since_step, 3),
+            "threshold_seconds": round(self.threshold, 3),
+            "threshold": self.threshold_reason,
+            "open_timers": self.open_timers,
+            "threads": self.threads,
+            "ray": self.ray,
+            "workers": self.workers,
+            "gpus": self.gpus,
+            "stragglers": self.stragglers,
+            "nccl_flight_recorder": self.nccl,
+            "ended": self.ended,
+        }
+
+    def to_text(self) -> str:
+        lines = [
+            "otel-rl stall report",
+            f"run {self.run_id}, pid {os.getpid()} on {socket.gethostname()}",
+            f"stalled at {_iso(self.began)}: no step logged for {self.since_step:.1f} s "
+            f"(threshold {self.threshold:.1f} s = {self.threshold_reason})",
+            "last step: " + ("none yet" if self.step is None else str(self.step)),
+            "",
+            "open timers (outermost first):",
+        ]
+        if not any(self.open_timers.values()):
+            lines.append("  none")
+        for thread, timers in self.open_timers.items():
+            if timers:
+                chain = " > ".join(t["name"] for t in timers)
+                lines.append(f"  {thread}: {chain} (innermost open {timers[-1]['seconds']:.1f} s)")
+        if self.workers:
+            lines += ["", "workers (timers open when they last reported):"]
+            for name, info in self.workers.items():
+                lines.append(f"  {name}: {info}")
+        if self.stragglers:
+            lines += ["", "ranks the run waits for:"] + [f"  {s}" for s in self.stragglers]
+        lines += ["", "GPUs (last readings of the GPU bridge):"]
+        lines += _indented(self.gpus)
+        lines += ["", "threads of this process:"]
+        for thread, stack in self.threads.items():
+            lines.append(f"  {thread}:")
+            lines += [f"    {line}" for frame in stack for line in frame.rstrip().splitlines()]
+        lines += ["", "Ray actors and workers:"]
+        lines += _indented(self.ray)
+        lines += ["", "NCCL flight recorder:"]
+        lines += _indented(self.nccl)
+        if self.ended is not None:
+            lines += ["", f"{self.ended['summary']} (at {self.ended['at']})"]
+        return "\n".join(lines) + "\n"
+
+
+class StallWatchdog:
+    """One daemon thread that notices a run that stopped logging steps and reports it.
+
+    ``activity`` returns ``(last_call, last_step, step_starts)``: the monotonic time of the last
+    ``log_metrics`` call (``None``: none yet), the last step logged, and the monotonic times
+    recent steps began. ``gather`` fills a report's parts (called on this thread).
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        report_dir: Path,
+        after: float,
+        factor: float,
+        activity: Callable[[], tuple[float | None, int | None, Sequence[float]]],
+        gather: Callable[[StallReport], None],
+        on_stall: Callable[[StallReport], None],
+        on_end: Callable[[StallReport, float], None],
+        started: float | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.report_dir = report_dir
+        self.after = float(after)
+        self.factor = float(factor)
+        self._activity = activity
+        self._gather = gather
+        self._on_stall = on_stall
+        self._on_end = on_end
+        self._started = time.monotonic() if started is None else started
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._ended: tuple[StallReport, float] | None = None
+        #: The stall under way, else ``None``.
+        self.current: StallReport | None = None
+        #: Every stall of the run, in order.
+        self.reports: list[StallReport] = []
+        self._thread = threading.Thread(
+            target=self._run, name="otel-rl-stall-watchdog", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def seconds_since_step(self) -> float:
+        last, _, _ = self._activity()
+        return time.monotonic() - (self._started if last is None else last)
+
+    @property
+    def stalled(self) -> bool:
+        return self.current is not None
+
+    def check(self) -> StallReport | None:
+        """One look (the thread calls it; tests may too): hand on a stall that ended, or begin
+        one. Returns the stall begun by this look, if any."""
+        with self._lock:
+            ended, self._ended = self._ended, None
+        if ended is not None:
+            self._finish(*ended)
+        if self.current is not None:
+            return None
+        last, step, starts = self._activity()
+        since = time.monotonic() - (self._started if last is None else last)
+        threshold = stall_threshold(self.after, self.factor, starts)
+        if since <= threshold:
+            return None
+        return self._begin(step, since, threshold, starts)
+
+    def resumed(self) -> float | None:
+        """Called on the training thread by the first ``log_metrics`` after a stall: the stall's
+        length (seconds from the last call before it to now), handed on to this thread. Costs a
+        clock read and a lock; ``None`` when no stall was under way."""
+        with self._lock:
+            current = self.current
+            if current is None:
+                return None
+            self.current = None
+            length = time.monotonic() - current.last_call
+            self._ended = (current, length)
+        self._wake.set()
+        return length
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._period())
+            self._wake.clear()
+            try:
+                self.check()
+            except Exception as exc:  # the watchdog must outlive any bug of its own
+                _log.warning("otel-rl: stall watchdog: %s: %s", type(exc).__name__, exc)
+        with self._lock:
+            ended, self._ended = self._ended, None
+        if ended is not None:
+            self._finish(*ended)
+
+    def _period(self) -> float:
+        # Often enough to notice within a few percent of `after`, never busy.
+        return min(5.0, max(0.05, self.after / 8))
+
+    def _begin(
+        self, step: int | None, since: float, threshold: float, starts: Sequence[float]
+    ) -> StallReport:
+        reason = f"max(after {self.after:g} s, factor {self.factor:g} x median step "
+        durations = [b - a for a, b in itertools.pairwise(starts)][-RECENT_STEPS:]
+        reason += f"{statistics.median(durations):.3g} s)" if durations else "n/a)"
+        report = StallReport(self.run_id, step, time.time(), since, threshold, reason)
+        report.last_call = time.monotonic() - since
+        try:
+            self._gather(report)
+        except Exception as exc:
+            report.threads.setdefault("<report>", []).append(f"could not gather: {exc!r}")
+        report.path = self._write(report)
+        with self._lock:
+            self.current = report
+            self.reports.append(report)
+        self._on_stall(report)
+        # A call may have come while the report was gathered (stacks take seconds): then the
+        # stall is already over, and no later call would tell.
+        last = self._activity()[0]
+        if last is not None and last > report.last_call + 1e-9:
+            with self._lock:
+                if self.current is report:
+                    self.current = None
+                    self._ended = (report, last - report.last_call)
+            self._wake.set()
+        return report
+
+    def _finish(self, report: StallReport, length: float) -> None:
+        report.ended = {
+            "at": _iso(time.time()),
+            "seconds": round(length, 3),
+            "summary": f"stall ended: steps resumed after {length:.1f} s without one",
+        }
+        self._write(report)
+        self._on_end(report, length)
+
+    def _write(self, report: StallReport) -> Path | None:
+        if report.path is not None:
+            base = report.path.with_suffix("")
+        else:
+            stamp = datetime.datetime.fromtimestamp(report.began, datetime.timezone.utc)
+            name = f"{'none' if report.step is None else report.step}-{stamp:%Y%m%dT%H%M%SZ}"
+            base = self.report_dir / name
+        try:
+            self.report_dir.mkdir(parents=True, exist_ok=True)
+            _replace(base.with_suffix(".txt"), report.to_text())
+            _replace(base.with_suffix(".json"), json.dumps(report.to_json(), indent=2, default=str))
+        except OSError as exc:
+            _log.warning(
+                "otel-rl: cannot write the stall report under %s: %s", self.report_dir, exc
+            )
+            return report.path
+        return base.with_suffix(".txt")
+
+
+# ---- the parts of a report ---------------------------------------------------------------------
+
+
+def thread_stacks(skip: int | None = None) -> dict[str, list[str]]:
+    """The Python stack of every thread of this process (innermost last), by thread name: the
+    main thread first, then the application's, then otel-rl's own (waiting, as a rule: their
+    innermost frame only)."""
+    names = {t.ident: t for t in threading.enumerate()}
+    main: dict[str, list[str]] = {}
+    others: dict[str, list[str]] = {}
+    ours: dict[str, list[str]] = {}
+    for ident, frame in sys._current_frames().items():
+        if ident == skip:
+            continue
+        thread = names.get(ident)
+        name = thread.name if thread is not None else f"thread {ident}"
+        stack = traceback.format_stack(frame)
+        if thread is threading.main_thread():
+            main[name + " (main)"] = stack
+        elif name.startswith("otel-rl"):
+            ours[name] = stack[-1:]
+        else:
+            others[name] = stack
+    return {**main, **others, **ours}
+
+
+def thread_names() -> dict[int, str]:
+    return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+
+
+def ray_stacks(timeout: float) -> dict[str, Any]:
+    """The stacks of this job's live Ray actors (``py-spy dump`` of each actor's process on this
+    node; through the dashboard elsewhere), or why they cannot be had."""
+    if "ray" not in sys.modules:
+        return {"available": False, "reason": "Ray is not used in this process"}
+    import ray
+
+    if not ray.is_initialized():
+        return {"available": False, "reason": "ray.init() has not been called in this process"}
+    deadline = time.monotonic() + timeout
+    try:
+        from ray.util.state import list_actors
+
+        job = ray.get_runtime_context().get_job_id()
+        actors = list_actors(
+            filters=[("job_id", "=", job), ("state", "=", "ALIVE")],
+            timeout=max(1, int(timeout)),
+            raise_on_missing_output=False,
+        )
+    except Exception as exc:
+        reason = (f"Ray's state API did not answer ({type(exc).__name__}: {exc}); it needs the "
+                  "dashboard (ray[default], include_dashboard not False)")  # fmt: skip
+        return {"available": False, "reason": reason}
+    local = _local_addresses()
+    out: dict[str, Any] = {"available": True, "actors": []}
+    for actor in actors:
+        info = actor if isinstance(actor, Mapping) else vars(actor)
+        name = info.get("name") or ""
+        entry: dict[str, Any] = {
+            "actor": f"{info.get('class_name')}{f' {name!r}' if name else ''}",
+            "actor_id": info.get("actor_id"),
+            "pid": info.get("pid"),
+            "node": info.get("node_id"),
+        }
+        address = (info.get("address") or {}) if isinstance(info.get("address"), Mapping) else {}
+        ip = address.get("ip_address") or info.get("ip") or None
+        left = deadline - time.monotonic()
+        pid = info.get("pid")
+        if left <= 0:
+            entry["stack"] = None
+            entry["reason"] = f"stalls.stacks_timeout ({timeout:g} s) ran out"
+        elif not pid:
+            entry["stack"], entry["reason"] = None, "Ray did not report the actor's pid"
+        elif ip is not None and ip not in local:
+            entry["stack"], entry["reason"] = None, f"on another node ({ip}): run py-spy there"
+        else:
+            entry["stack"], why_not = py_spy_dump(int(pid), left)
+            if why_not:
+                entry["reason"] = why_not
+        out["actors"].append(entry)
+    return out
+
+
+def py_spy_dump(pid: int, timeout: float) -> tuple[str | None, str | None]:
+    """``py-spy dump --pid`` output, or ``(None, why not)``."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None, "py-spy is not installed (pip install py-spy, or ray[default])"
+    try:
+        done = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=max(0.5, timeout))  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy did not answer within {timeout:.1f} s"
+    except OSError as exc:
+        return None, f"py-spy failed to start: {exc}"
+    if done.returncode != 0:
+        reason = (done.stderr or done.stdout).strip().splitlines()
+        return None, f"py-spy could not read pid {pid}: {reason[-1] if reason else done.returncode}"
+    return done.stdout, None
+
+
+def nccl_flight_recorder(report_dir: Path, stamp: str) -> dict[str, Any]:
+    """This process's dump of PyTorch's NCCL flight recorder (the last collectives of its rank),
+    or why there is none."""
+    if "torch" not in sys.modules:
+        return {"available": False, "reason": "torch is not imported in this process"}
+    import torch
+
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        return {"available": False,
+                "reason": "torch.distributed is not initialised in this process"}  # fmt: skip
+    backend = str(dist.get_backend())
+    if "nccl" not in backend:
+        return {"available": False,
+                "reason": f"the process group's backend is {backend}: the flight recorder "
+                          "records NCCL collectives only"}  # fmt: skip
+    size = os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0")
+    if not size.isdigit() or int(size) <= 0:
+        reason = ("the flight recorder is off: set TORCH_NCCL_TRACE_BUFFER_SIZE (e.g. 2000) in "
+                  "every rank's environment before the process group starts")  # fmt: skip
+        return {"available": False, "reason": reason}
+    try:
+        dump = torch._C._distributed_c10d._dump_nccl_trace()  # type: ignore[attr-defined]
+    except Exception as exc:
+        return {"available": False, "reason": f"the dump failed: {type(exc).__name__}: {exc}"}
+    path = report_dir / f"{stamp}-nccl-rank{dist.get_rank()}.pickle"
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(dump)
+    except OSError as exc:
+        return {"available": False, "reason": f"cannot write {path}: {exc}"}
+    return {"available": True, "rank": dist.get_rank(), "path": str(path)}
+
+
+def gpu_readings(latest: Mapping[int, Any]) -> dict[str, Any]:
+    """The GPU bridge's last reading of each node (utilisation %, memory MiB)."""
+    if not latest:
+        return {"available": False, "reason": "no reading yet (monitor_gpus off, or no node "
+                "answered)"}  # fmt: skip
+    nodes: dict[str, Any] = {}
+    for node, cached in sorted(latest.items()):
+        sample = cached.sample
+        nodes[f"node.{node}"] = {
+            "host": getattr(cached.target, "host", None),
+            "seconds_ago": round(time.monotonic() - cached.at, 1),
+            "gpus": {
+                str(gpu.label): {"util_percent": gpu.utilization,
+                                 "mem_used_mib": gpu.memory_used_mib,
+                                 "mem_total_mib": gpu.memory_total_mib}
+                for gpu in sample.gpus.values()
+            },
+        }
+    return {"available": True, "nodes": nodes}
+
+
+def _local_addresses() -> set[str]:
+    addresses = {"127.0.0.1", "localhost"}
+    with contextlib.suppress(OSError):
+        addresses.add(socket.gethostbyname(socket.gethostname()))
+    try:
+        import ray
+
+        addresses.add(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+    except Exception:
+        pass
+    return addresses
+
+
+def _indented(value: Any, depth: int = 1) -> list[str]:
+    pad = "  " * depth
+    if isinstance(value, Mapping):
+        lines: list[str] = []
+        for key, item in value.items():
+            if isinstance(item, (Mapping, list)) and item:
+                lines.append(f"{pad}{key}:")
+                lines += _indented(item, depth + 1)
+            elif isinstance(item, str) and "\n" in item:
+                lines.append(f"{pad}{key}:")
+                lines += [f"{pad}  {line}" for line in item.rstrip().splitlines()]
+            else:
+                lines.append(f"{pad}{key}: {item}")
+        return lines or [f"{pad}(none)"]
+    if isinstance(value, list):
+        lines = []
+        for item in value:
+            if isinstance(item, Mapping):
+                lines += _indented(item, depth)
+                lines.append("")
+            else:
+                lines.append(f"{pad}{item}")
+        return lines or [f"{pad}(none)"]
+    return [f"{pad}{value}"]
+
+
+def _iso(unix: float) -> str:
+    moment = datetime.datetime.fromtimestamp(unix, datetime.timezone.utc)
+    return moment.isoformat(timespec="seconds")
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

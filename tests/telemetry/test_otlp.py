@@ -1,0 +1,344 @@
+"""OTLP output against real receivers on 127.0.0.1 that decode with opentelemetry-proto."""
+
+from __future__ import annotations
+
+import base64
+import urllib.request
+
+import pytest
+
+from otel_rl import Logger
+from otel_rl.core.errors import ConfigError
+from otel_rl.telemetry.otlp import DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S, resolve_otlp
+from otel_rl.telemetry.timing import TIMING_BUCKETS
+from testkit.otlp_receiver import OtlpGrpcReceiver, OtlpHttpReceiver, closed_port
+
+TOKEN_BUCKETS = (10.0, 50.0, 100.0)
+
+
+@pytest.fixture
+def http_receiver():
+    receiver = OtlpHttpReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture
+def clean_otel_env(monkeypatch):
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("OTEL_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def _config(tmp_path, otlp, **extra):
+    return {
+        "log_dir": str(tmp_path),
+        "jsonl_enabled": False,
+        "capture_global_meters": False,
+        "otlp": {"enabled": True, "interval": 60.0, "timeout": 2.0, **otlp},
+        **extra,
+    }
+
+
+def _ten_steps(logger: Logger) -> None:
+    """Known values at known steps: loss 1/(s+1), reward [s, -s, 2s], tokens 10*s, 4 samples."""
+    meter = logger.meter_provider.get_meter("app")
+    tokens = meter.create_histogram(
+        "rollout.tokens", explicit_bucket_boundaries_advisory=TOKEN_BUCKETS
+    )
+    samples = meter.create_counter("rollout.samples")
+    for step in range(10):
+        with logger.timer("generation"):
+            tokens.record(10.0 * step)
+            samples.add(4)
+        logger.log_metrics(
+            {"loss": 1.0 / (step + 1), "reward": [float(step), -float(step), 2.0 * step]},
+            step=step,
+            prefix="train",
+        )
+
+
+def test_ten_step_run_arrives_with_exact_values_and_resource(
+    tmp_path, http_receiver, clean_otel_env
+):
+    clean_otel_env.setenv("OTEL_SERVICE_NAME", "grpo-trainer")
+    clean_otel_env.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "deployment.environment=ci,host.name=node-7,otel_rl.run_id=not-this-one",
+    )
+    cfg = _config(
+        tmp_path,
+        {"endpoint": http_receiver.endpoint},
+        run_id="run-42",
+        experiment="grpo-7b",
+        role="actor",
+        rank=3,
+    )
+    logger = Logger(cfg)
+    _ten_steps(logger)
+    logger.finish()
+
+    assert http_receiver.received, "nothing arrived at the receiver"
+    resources = {tuple(sorted(r.items())) for r, _, _, _ in http_receiver.points()}
+    assert len(resources) == 1  # both providers push the same resource
+    resource = dict(next(iter(resources)))
+    assert resource["service.name"] == "grpo-trainer"
+    assert resource["otel_rl.run_id"] == "run-42"  # the config's, never the env's
+    assert resource["otel_rl.experiment"] == "grpo-7b"
+    assert resource["otel_rl.role"] == "actor"
+    assert resource["otel_rl.rank"] == 3
+    assert resource["host.name"] == "node-7"
+    assert resource["deployment.environment"] == "ci"
+
+    # Gauges of logged keys carry the last step's values (step 9).
+    assert http_receiver.last_point("train/loss").as_double == pytest.approx(0.1)
+    assert http_receiver.last_point("train/reward/mean").as_double == 6.0  # (9 - 9 + 18) / 3
+    assert http_receiver.last_point("train/reward/min").as_double == -9.0
+    assert http_receiver.last_point("train/reward/max").as_double == 18.0
+    assert http_receiver.last_point("otel_rl.step").as_int == 9
+    assert http_receiver.last_point("otel_rl.steps").as_int == 10
+
+    # Counters and histograms are cumulative over the whole run.
+    assert http_receiver.last_point("rollout.samples").as_int == 40
+    tokens = http_receiver.last_point("rollout.tokens")
+    assert tokens.count == 10 and tokens.sum == 450.0
+    assert tuple(tokens.explicit_bounds) == TOKEN_BUCKETS
+    # 0 and 10 fall in (-inf, 10]; 20..50 in (10, 50]; 60..90 in (50, 100]
+    assert list(tokens.bucket_counts) == [2, 4, 4, 0]
+    assert (tokens.min, tokens.max) == (0.0, 90.0)
+    timer = http_receiver.last_point("timing/generation")
+    assert timer.count == 10 and tuple(timer.explicit_bounds) == TIMING_BUCKETS
+
+
+def test_exponential_histograms_go_to_otlp_only(tmp_path, http_receiver, clean_otel_env):
+    cfg = _config(
+        tmp_path,
+        {"endpoint": http_receiver.endpoint, "histogram": "exponential"},
+        prometheus={"enabled": True, "port": 0},
+    )
+    logger = Logger(cfg)
+    _ten_steps(logger)
+    url = logger.prometheus_url
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    logger.finish()
+
+    # Prometheus keeps the explicit buckets of each histogram...
+    assert 'rollout_tokens_bucket{le="50.0"' in text
+    assert 'timing_generation_seconds_bucket{le="0.005"' in text
+    # ...while OTLP gets base-2 exponential histograms with the same count and sum.
+    kinds = {name: metric.WhichOneof("data") for _, name, metric, _ in http_receiver.points()}
+    assert kinds["rollout.tokens"] == "exponential_histogram"
+    assert kinds["timing/generation"] == "exponential_histogram"
+    assert kinds["train/loss"] == "gauge"
+    tokens = http_receiver.last_point("rollout.tokens")
+    assert tokens.count == 10 and tokens.sum == 450.0 and tokens.zero_count == 1
+    assert sum(tokens.positive.bucket_counts) == 9
+
+
+def test_env_endpoint_and_merged_headers(tmp_path, http_receiver, clean_otel_env):
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", http_receiver.endpoint)
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-team=rl,x-token=from-env")
+    logger = Logger(_config(tmp_path, {"headers": {"X-Token": "from-config"}}))
+    logger.log_metrics({"loss": 0.5}, step=0)
+    logger.finish()
+
+    assert http_receiver.last_point("loss").as_double == 0.5
+    headers = http_receiver.received[0].headers
+    assert headers["x-team"] == "rl"
+    assert headers["x-token"] == "from-config"
+
+
+def test_spans_and_log_records_carry_the_same_auth_and_headers_as_metrics(
+    tmp_path, http_receiver, clean_otel_env
+):
+    """Metrics, the timers' spans and the run's events go to one collector with one set of
+    credentials: the endpoint's ``user:password@`` (sent as Basic auth) and the config's headers
+    merged over the env's, each signal's own variable before the generic one. One resolution
+    (``resolve_otlp(signal=...)``) serves the three, so they cannot drift apart."""
+    from otel_rl.core.records import Event
+    from otel_rl.watch.run_watch import OtlpLogRecords
+
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-team=rl,x-tenant=from-env")
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-signal=traces")
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_LOGS_HEADERS", "x-signal=logs")
+    endpoint = http_receiver.endpoint.replace("http://", "http://bob:p%40ss@")
+    otlp = {"endpoint": endpoint, "headers": {"X-Tenant": "from-config"}}
+    logger = Logger(_config(tmp_path, otlp, tracing={"enabled": True}))
+    with logger.timer("generation"):
+        pass
+    logger.log_metrics({"loss": 0.5}, step=0)
+    logger.finish()
+    records = OtlpLogRecords({**_config(tmp_path, otlp)["otlp"]}, logger._run.pipeline.resource)
+    records.emit(Event(name="otel_rl/stall", step=3, title="stalled", text="no step"), {})
+    records.shutdown(5.0)
+
+    basic = "Basic " + base64.b64encode(b"bob:p@ss").decode()
+    assert http_receiver.last_point("loss").as_double == 0.5
+    assert {s.name for _, s in http_receiver.wait_for_spans(2)} >= {"generation", "rl.step"}
+    assert http_receiver.logs[0][1].body.string_value == "no step"
+    signals = {
+        "metrics": http_receiver.received[0].headers,
+        "traces": http_receiver.span_headers[0],
+        "logs": http_receiver.log_headers[0],
+    }
+    for signal, headers in signals.items():
+        assert headers["authorization"] == basic, signal
+        assert headers["x-tenant"] == "from-config", signal
+    # A signal's own variable replaces the generic one (the spec's order), as for metrics.
+    assert signals["metrics"]["x-team"] == "rl" and "x-signal" not in signals["metrics"]
+    assert signals["traces"]["x-signal"] == "traces" and "x-team" not in signals["traces"]
+    assert signals["logs"]["x-signal"] == "logs" and "x-team" not in signals["logs"]
+
+
+def test_each_signal_reads_its_own_variables_before_the_generic_ones():
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:9999/custom",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "7",
+        "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT": "2",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+    }
+    metrics = resolve_otlp({}, environ=env)
+    traces = resolve_otlp({}, environ=env, signal="traces")
+    logs = resolve_otlp({}, environ=env, signal="logs")
+    assert (metrics.protocol, metrics.endpoint, metrics.timeout_s) == (
+        "http/protobuf", "http://collector:4318/v1/metrics", 7.0,
+    )  # fmt: skip
+    assert (traces.protocol, traces.endpoint) == ("grpc", "http://traces:9999/custom")
+    assert (logs.endpoint, logs.timeout_s) == ("http://collector:4318/v1/logs", 2.0)
+    # A configured endpoint is the collector's base, whichever signal's path it names.
+    for given in ("http://c:4318", "http://c:4318/", "http://c:4318/v1/metrics"):
+        assert resolve_otlp({"endpoint": given}, environ={}, signal="traces").endpoint == (
+            "http://c:4318/v1/traces"
+        )
+    with pytest.raises(ConfigError, match=r"OTEL_EXPORTER_OTLP_\[TRACES_\]PROTOCOL"):
+        resolve_otlp({}, environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "json"}, signal="traces")
+
+
+def test_config_endpoint_wins_over_env(tmp_path, http_receiver, clean_otel_env):
+    dead = f"http://127.0.0.1:{closed_port()}/v1/metrics"
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", dead)
+    logger = Logger(_config(tmp_path, {"endpoint": http_receiver.endpoint}))
+    logger.log_metrics({"loss": 0.25}, step=0)
+    logger.finish()
+    assert http_receiver.last_point("loss").as_double == 0.25
+
+
+@pytest.mark.slow
+def test_periodic_exports_while_training(tmp_path, http_receiver, clean_otel_env):
+    """With a short interval the collector sees the run while it is going, not only at the end."""
+    logger = Logger(_config(tmp_path, {"endpoint": http_receiver.endpoint, "interval": 0.2}))
+    logger.log_metrics({"loss": 0.75}, step=0)
+    assert http_receiver.wait_for(2, timeout=10)  # one request per provider, before finish()
+    assert http_receiver.last_point("loss").as_double == 0.75
+    logger.finish()
+
+
+def test_grpc_receiver_gets_the_run(tmp_path, clean_otel_env):
+    receiver = OtlpGrpcReceiver()
+    try:
+        cfg = _config(
+            tmp_path, {"endpoint": receiver.endpoint, "protocol": "grpc"}, run_id="grpc-run"
+        )
+        logger = Logger(cfg)
+        _ten_steps(logger)
+        logger.finish()
+    finally:
+        receiver.close()
+    assert receiver.last_point("train/loss").as_double == pytest.approx(0.1)
+    assert receiver.last_point("rollout.tokens").sum == 450.0
+    resource = next(r for r, _, _, _ in receiver.points())
+    assert resource["otel_rl.run_id"] == "grpc-run"
+
+
+# ---- how settings are resolved (config > signal env > generic env > default) -----------------
+
+
+def test_defaults_without_config_or_env():
+    s = resolve_otlp({}, environ={})
+    assert s.protocol == "http/protobuf"
+    assert s.endpoint == "http://127.0.0.1:4318/v1/metrics"
+    assert (s.timeout_s, s.interval_s) == (DEFAULT_TIMEOUT_S, DEFAULT_INTERVAL_S)
+    assert s.headers == {} and s.insecure is None and s.histogram is None
+
+
+def test_env_fills_what_config_leaves_unset():
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "7",
+        "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "3",
+        "OTEL_METRIC_EXPORT_INTERVAL": "2500",
+    }
+    s = resolve_otlp({}, environ=env)
+    assert s.endpoint == "http://collector:4318/v1/metrics"  # generic: a base URL
+    assert s.timeout_s == 3.0  # the metrics-specific variable first; seconds, as Python reads it
+    assert s.interval_s == 2.5  # milliseconds in the env var
+    env["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"] = "http://gw:9999/custom/path"
+    assert resolve_otlp({}, environ=env).endpoint == "http://gw:9999/custom/path"  # as-is
+
+
+def test_config_wins_over_env():
+    env = {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://env:4318/v1/metrics",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "9",
+        "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+    }
+    cfg = {
+        "protocol": "http/protobuf",
+        "endpoint": "http://cfg:4318",
+        "timeout": 1.5,
+        "interval": 30,
+        "insecure": False,
+    }
+    s = resolve_otlp(cfg, environ=env)
+    assert (s.protocol, s.endpoint) == ("http/protobuf", "http://cfg:4318/v1/metrics")
+    assert (s.timeout_s, s.interval_s, s.insecure) == (1.5, 30.0, False)
+    grpc = resolve_otlp({}, environ=env)
+    assert grpc.protocol == "grpc" and grpc.endpoint == "http://env:4318/v1/metrics"
+    assert grpc.insecure is None  # the gRPC exporter reads OTEL_EXPORTER_OTLP_INSECURE itself
+
+
+def test_grpc_insecure_from_the_env_reaches_a_plaintext_receiver(tmp_path, clean_otel_env):
+    """``otlp.insecure`` unset: the SDK's gRPC exporter resolves OTEL_EXPORTER_OTLP_INSECURE, so
+    an endpoint without a scheme (TLS unless told otherwise) speaks plaintext to a receiver
+    without TLS."""
+    receiver = OtlpGrpcReceiver()
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    try:
+        endpoint = receiver.endpoint.removeprefix("http://")
+        logger = Logger(_config(tmp_path, {"endpoint": endpoint, "protocol": "grpc"}))
+        logger.log_metrics({"train/loss": 0.5}, step=0)
+        logger.finish()
+    finally:
+        receiver.close()
+    assert receiver.last_point("train/loss").as_double == 0.5
+
+
+def test_bad_values_are_config_errors():
+    with pytest.raises(ConfigError, match="protocol"):
+        resolve_otlp({}, environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+    with pytest.raises(ConfigError, match="OTEL_METRIC_EXPORT_INTERVAL"):
+        resolve_otlp({}, environ={"OTEL_METRIC_EXPORT_INTERVAL": "soon"})
+    with pytest.raises(ConfigError, match="histogram"):
+        Logger({"otlp": {"histogram": "log-linear"}})
+
+
+def test_demo_flags_push_to_a_collector_and_serve_prometheus(tmp_path, http_receiver, capsys):
+    """`otel-rl demo --prometheus-port ... --otlp-endpoint ...`, as docs/grafana.md runs it."""
+    from otel_rl.cli.main import main
+
+    argv = ["demo", "--steps", "3", "--log-dir", str(tmp_path), "--backends", "jsonl"]
+    argv += ["--prometheus-port", "0", "--otlp-endpoint", http_receiver.endpoint]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"pushed to {http_receiver.endpoint}/v1/metrics" in out
+    assert "Prometheus:       http://127.0.0.1:" in out
+    assert http_receiver.last_point("otel_rl.step").as_int == 2
+    assert http_receiver.last_point("train/reward/count").as_double == 16.0
+    resource = next(r for r, _, _, _ in http_receiver.points())
+    assert resource["otel_rl.experiment"] == "otel-rl-demo"
