@@ -99,9 +99,16 @@ class RunWatch:
             self._step_starts.append(now)
         watchdog = self.watchdog
         if watchdog is not None and watchdog.current is not None:
+            report = watchdog.current
             length = watchdog.resumed()
             if length is not None:
                 values[STALL_SECONDS_KEY] = length
+                if self._step_spans is not None:
+                    # Here, once per stall: the span of the step that moved again is open now;
+                    # by the time the watchdog tells the rest, it may have ended.
+                    self._step_spans.add_event(
+                        "otel_rl.stall.ended", self._end_attributes(report, length)
+                    )
         if self._watched:
             self._observe(step, values, self._watched)
 
@@ -181,13 +188,17 @@ class RunWatch:
                     "otel_rl.stall.seconds": round(report.since_step, 3)})  # fmt: skip
 
     def _on_end(self, report: StallReport, length: float) -> None:
-        text = f"stall ended: steps resumed after {length:.1f} s without one"
+        text = _ended_text(length)
         where = f" (report {report.path})" if report.path is not None else ""
         _log.warning("otel-rl: run %s: %s%s", self.run_id, text, where)
         step = self._step if self._step is not None else 0
         self._tell(Event(STALL_EVENT, step, text, text, level="info"), "otel_rl.stall.ended",
-                   {"otel_rl.stall.report": str(report.path or ""),
-                    "otel_rl.stall.seconds": round(length, 3)})  # fmt: skip
+                   self._end_attributes(report, length), span=False)  # fmt: skip
+
+    def _end_attributes(self, report: StallReport, length: float) -> dict[str, Any]:
+        return {"otel_rl.run_id": self.run_id, "otel_rl.summary": _ended_text(length),
+                "otel_rl.stall.report": str(report.path or ""),
+                "otel_rl.stall.seconds": round(length, 3)}  # fmt: skip
 
     def _on_straggler(self, found: Straggler) -> None:
         text = found.describe()
@@ -196,11 +207,13 @@ class RunWatch:
         self._tell(event, "otel_rl.straggler",
                    {"otel_rl.timing": found.timing, "otel_rl.rank": found.rank})  # fmt: skip
 
-    def _tell(self, event: Event, name: str, attributes: dict[str, Any]) -> None:
+    def _tell(
+        self, event: Event, name: str, attributes: dict[str, Any], span: bool = True
+    ) -> None:
         """The event to every tracker, the current step's span and OTLP's logs."""
         attributes = {"otel_rl.run_id": self.run_id, "otel_rl.summary": event.text, **attributes}
         outputs: list[Callable[[], Any]] = [lambda: self._send(event)]
-        if self._step_spans is not None:
+        if span and self._step_spans is not None:
             outputs.append(lambda: self._step_spans.add_event(name, attributes))
         if self._log_records is not None:
             outputs.append(lambda: self._log_records.emit(event, attributes))
@@ -209,6 +222,10 @@ class RunWatch:
                 deliver()
             except Exception as exc:  # one output failing must not silence the others
                 _log.warning("otel-rl: could not report %s: %s", name, exc)
+
+
+def _ended_text(length: float) -> str:
+    return f"stall ended: steps resumed after {length:.1f} s without one"
 
 
 def _worker_timers(timeout: float) -> dict[str, Any]:

@@ -16,8 +16,10 @@ import pytest
 
 from otel_rl import Logger
 from otel_rl.watch.stalls import StallWatchdog, nccl_flight_recorder, stall_threshold
+from testkit.gpu_nodes import render, simulated_node
 from testkit.otlp_receiver import OtlpHttpReceiver, attributes_of
 from testkit.readers import jsonl_rows, tensorboard_accumulator
+from testkit.rollout_pages import PageServer
 
 
 def _gauge(url: str, name: str) -> float:
@@ -109,6 +111,79 @@ def test_a_run_blocked_inside_a_timer_is_reported_with_the_timer_and_the_line(tm
     assert resource["otel_rl.run_id"] == logger.run_id
     assert "stalled" in first.body.string_value and first.severity_text == "WARN"
     assert attributes_of(first.attributes)["otel_rl.stall.report"] == str(seen["report"])
+
+
+def test_a_stall_report_has_the_last_gpu_readings_of_every_node(tmp_path):
+    """With the GPU bridge on, the report shows each node's last utilisation and memory per GPU
+    (read from an 8 x H100 node's Ray page), next to the stacks: a collective stuck at 100 % or
+    a GPU idle at 0 % is visible in the same file."""
+    node = simulated_node(3)
+    server = PageServer(render(node))
+    host, port = server.httpd.server_address[:2]
+    log_dir = tmp_path / "logs"
+    cfg = {
+        "log_dir": str(log_dir),
+        "monitor_gpus": True,
+        "gpu_monitoring": {"endpoints": [f"{host}:{port}"], "collection_interval": 0.2,
+                           "flush_interval": 0.2},
+        "stalls": {"after": 1, "factor": 5},
+    }  # fmt: skip
+    try:
+        with Logger(cfg) as logger:
+            logger.log_metrics({"loss": 0.5}, step=0)
+            _wait_for(lambda: logger.gpu_monitor.scraper.latest, 10, "a GPU reading")
+            with logger.timer("generation"):
+                _wait_for(lambda: sorted((log_dir / "stalls").glob("*.json")), 10, "a report")
+            logger.log_metrics({"loss": 0.4}, step=1)
+    finally:
+        server.close()
+    report = json.loads(next((log_dir / "stalls").glob("*.json")).read_text())
+    assert report["gpus"]["available"] is True
+    [(name, reading)] = report["gpus"]["nodes"].items()
+    assert reading["host"] == host and reading["seconds_ago"] < 5
+    assert reading["gpus"] == {
+        str(i): {"util_percent": gpu.utilization, "mem_used_mib": gpu.used_mib,
+                 "mem_total_mib": gpu.used_mib + gpu.available_mib}
+        for i, gpu in node.gpus.items()
+    }  # fmt: skip
+    text = next((log_dir / "stalls").glob("*.txt")).read_text()
+    assert "GPUs (last readings of the GPU bridge):" in text and name in text
+
+
+def test_a_stall_is_an_event_of_the_steps_span_and_one_logged_line_with_the_report(
+    tmp_path, otel_rl_warnings
+):
+    """With tracing on, the stall and its end are events of the open step's ``rl.step`` span
+    (with the report's path and the seconds), and ``logging`` gets one line naming the report
+    when the run stalls and one when it moves again."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    log_dir = tmp_path / "logs"
+    cfg = {"log_dir": str(log_dir), "tracing": {"enabled": True},
+           "stalls": {"after": 1, "factor": 5}}  # fmt: skip
+    with Logger(cfg) as logger:
+        spans = InMemorySpanExporter()
+        logger.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+        logger.log_metrics({"loss": 0.5}, step=0)
+        with logger.timer("generation"):
+            report = _wait_for(lambda: sorted((log_dir / "stalls").glob("*.txt")), 10,
+                               "a report")[0]  # fmt: skip
+        logger.log_metrics({"loss": 0.4}, step=1)
+    step_spans = [s for s in spans.get_finished_spans() if s.name == "rl.step"]
+    assert [s.attributes.get("rl.step") for s in step_spans] == [0, 1]  # no span without a step
+    step_span = step_spans[1]  # the stall happened, and ended, in step 1's work
+    events = {e.name: dict(e.attributes) for e in step_span.events}
+    assert set(events) == {"otel_rl.stall", "otel_rl.stall.ended"}
+    stalled, ended = events["otel_rl.stall"], events["otel_rl.stall.ended"]
+    assert stalled["otel_rl.stall.report"] == ended["otel_rl.stall.report"] == str(report)
+    assert stalled["otel_rl.run_id"] == logger.run_id
+    assert 1 <= stalled["otel_rl.stall.seconds"] <= ended["otel_rl.stall.seconds"]
+    assert "stalled: no step for" in stalled["otel_rl.summary"]
+    assert ended["otel_rl.summary"].startswith("stall ended: steps resumed after")
+    said = [r.getMessage() for r in otel_rl_warnings.records if "stall" in r.getMessage()]
+    assert len(said) == 2 and str(report) in said[0] and "stall ended" in said[1]
+    assert str(report) in said[1]
 
 
 def test_the_threshold_follows_the_median_step_time():
