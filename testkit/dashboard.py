@@ -25,11 +25,15 @@ def load_dashboard() -> dict[str, Any]:
 
 
 def panel_targets(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(panel title, PromQL) of every query of every panel, rows included."""
+    """(panel title, PromQL) of every query of every panel, rows included, and of every
+    annotation (titled ``annotation: <name>``): the stalls on the time axis are queries too."""
     for panel in dashboard["panels"]:
         for inner in [panel, *panel.get("panels", [])]:
             for target in inner.get("targets", []):
                 yield inner["title"], target["expr"]
+    for annotation in dashboard.get("annotations", {}).get("list", []):
+        if "expr" in annotation:
+            yield f"annotation: {annotation['name']}", annotation["expr"]
 
 
 def variable_queries(dashboard: dict[str, Any]) -> dict[str, str]:

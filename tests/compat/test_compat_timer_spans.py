@@ -275,6 +275,52 @@ def test_nemo_rl_timer_start_stop_nests_and_records_failures(tmp_path):
         )
 
 
+def test_nemo_rl_thread_safe_timer_spans_nest_per_thread(tmp_path):
+    """NeMo RL's ``ThreadSafeTimer``, shared by the training thread and a rollout thread (its
+    async GRPO's shape): each thread's blocks nest in that thread's own spans, both under the
+    step's ``rl.step``, and every span lasts what the timer logged for its label."""
+    import threading
+
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_rl.compat.nemo_rl import ThreadSafeTimer
+
+    with Logger({"log_dir": str(tmp_path), "tracing": {"enabled": True}}) as logger:
+        spans = InMemorySpanExporter()
+        logger.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+        timer = ThreadSafeTimer()
+
+        def rollout() -> None:
+            with timer.time("async_rollout"), timer.time("async_rollout/generate"):
+                work()
+
+        with timer.time("train_step"):
+            thread = threading.Thread(target=rollout)
+            thread.start()
+            with timer.time("policy_training"):
+                work()
+            thread.join()
+        logger.log_metrics({"x": 1.0}, step=0)
+    finished = {s.name: s for s in spans.get_finished_spans()}
+
+    def parent(name: str) -> str:
+        parent_id = finished[name].parent.span_id
+        return next(n for n, s in finished.items() if s.context.span_id == parent_id)
+
+    assert set(finished) == {
+        "rl.step", "train_step", "policy_training", "async_rollout", "async_rollout/generate",
+    }  # fmt: skip
+    assert parent("train_step") == "rl.step" and parent("async_rollout") == "rl.step"
+    assert parent("policy_training") == "train_step"
+    assert parent("async_rollout/generate") == "async_rollout"
+    for name in set(finished) - {"rl.step"}:
+        span = finished[name]
+        assert (span.end_time - span.start_time) / 1e9 == pytest.approx(
+            timer.get_latest_elapsed(name), abs=TOLERANCE_S
+        )
+
+
 def test_timers_without_a_traced_logger_make_no_spans(tmp_path):
     from opentelemetry import trace
 

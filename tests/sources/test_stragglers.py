@@ -112,6 +112,12 @@ def test_a_rank_slowest_in_most_of_the_window_is_named_once(log_dir, otel_rl_war
     assert len(said) == 1
     assert "rank 3 was the slowest at timing/train/step in 7 of the last 10 steps" in said[0]
     assert "rank 1" not in said[0]
+    # The same finding, once, as an event every tracker shows (here the JSONL tracker's file).
+    events = jsonl_rows(log_dir / "events.jsonl")
+    assert [(e["event"], e["step"], e["title"]) for e in events] == [
+        ("otel_rl/straggler", 9, "straggler: rank 3"),
+    ]
+    assert events[0]["text"] == said[0].removeprefix("otel-rl: ")
 
 
 def test_the_window_counts_a_step_once_and_needs_more_than_half():
