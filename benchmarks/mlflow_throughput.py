@@ -20,9 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_rl.exporters.mlflow import MlflowExporter
-
 from otel_rl.core.records import StepBatch
+from otel_rl.exporters.mlflow import MlflowExporter
 
 
 class UnbatchedMlflowExporter(MlflowExporter):

@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otel_rl.exporters.base import TrackerExporter
-
 from otel_rl.core.records import StepBatch
+from otel_rl.exporters.base import TrackerExporter
 
 
 class _Gated(TrackerExporter):

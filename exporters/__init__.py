@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 from otel_rl.core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from otel_rl.exporters.base import TrackerExporter
-
     from otel_rl.core.failures import RowRejected
     from otel_rl.core.records import HistogramValue, StepBatch
+    from otel_rl.exporters.base import TrackerExporter
 
 __all__ = ["HistogramValue", "RowRejected", "StepBatch", "TrackerExporter"]
 

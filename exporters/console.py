@@ -8,9 +8,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar, TextIO
 
-from otel_rl.exporters.base import TrackerExporter
-
 from otel_rl.core.records import HistogramValue, RowValue, StepBatch
+from otel_rl.exporters.base import TrackerExporter
 from otel_rl.process.fork_safe_log import writing_shared_stream
 
 

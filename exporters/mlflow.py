@@ -31,12 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from otel_rl.exporters.base import RowRejected, TrackerExporter
-from otel_rl.exporters.mlflow_names import NameMap, sanitize
-
 from otel_rl.core.errors import ConfigError
 from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.core.redaction import collect_secrets, redact_text, secret_values
+from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.exporters.mlflow_names import NameMap, sanitize
 
 #: MLflow's per-request limits (mlflow.utils.validation).
 MAX_METRICS_PER_REQUEST = 1000

@@ -6,10 +6,9 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from otel_rl.exporters.base import TrackerExporter
-
 from otel_rl.core.failures import RowRejected
 from otel_rl.core.redaction import Patterns, redact_init_kwargs
+from otel_rl.exporters.base import TrackerExporter
 
 
 class SdkRunExporter(TrackerExporter):

@@ -23,10 +23,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.exporters.conversions import png_to_image
 from otel_rl.exporters.sdk_run import SdkRunExporter
-
-from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 
 
 class SwanLabExporter(SdkRunExporter):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.tensorboard_summaries import (
     hparams_end_value,
@@ -27,8 +28,6 @@ from otel_rl.exporters.tensorboard_summaries import (
     markdown_table,
     text_value,
 )
-
-from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 
 _FILE_COUNTER = iter(range(1 << 30))
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from otel_rl.core.records import HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 from otel_rl.exporters.sdk_run import SdkRunExporter
-
-from otel_rl.core.records import HistogramValue, RowValue, StepBatch, TableRows
 
 
 class TrackioExporter(SdkRunExporter):

@@ -22,10 +22,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 from otel_rl.exporters.sdk_run import SdkRunExporter
-
-from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 
 #: The row key that carries the training step (the x-axis of every training metric).
 STEP_KEY = "global_step"

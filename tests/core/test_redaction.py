@@ -304,7 +304,6 @@ def test_mlflow_errors_do_not_show_the_tracking_uri_password(monkeypatch):
     the exporter's error is scrubbed, still classified as transient (retried)."""
     pytest.importorskip("mlflow")
     from otel_rl.exporters.mlflow import MlflowExporter
-
     from testkit.otlp_receiver import closed_port
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -396,9 +395,8 @@ def test_the_configs_extra_patterns_reach_a_trackers_own_init_config(tmp_path):
     """``wandb: {config: ...}`` goes to ``wandb.init`` as it is, so the run's extra patterns apply
     to it as they do to hyperparameters: read back from W&B's offline files with its reader."""
     pytest.importorskip("wandb")
-    from otel_rl.exporters.wandb import WandbExporter
-
     from otel_rl import Logger
+    from otel_rl.exporters.wandb import WandbExporter
     from testkit.tracker_readers import read_wandb, wandb_run_dirs
 
     log_dir = tmp_path / "logs"

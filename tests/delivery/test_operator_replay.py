@@ -22,11 +22,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from otel_rl.exporters.base import RowRejected, TrackerExporter
 
 from otel_rl import Logger
 from otel_rl.cli.replay import BUSY_EXIT_CODE, replay
 from otel_rl.delivery.spool import spool_root
+from otel_rl.exporters.base import RowRejected, TrackerExporter
 from testkit.readers import jsonl_rows, tensorboard_scalars
 
 REPO = Path(__file__).resolve().parents[2]

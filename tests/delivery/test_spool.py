@@ -13,11 +13,11 @@ import threading
 import time
 
 import pytest
-from otel_rl.exporters.base import TrackerExporter
 
 from otel_rl import Logger
 from otel_rl.cli.replay import replay
 from otel_rl.delivery.spool import read_acks, spool_root, undelivered
+from otel_rl.exporters.base import TrackerExporter
 from testkit.readers import jsonl_rows, tensorboard_scalars
 
 

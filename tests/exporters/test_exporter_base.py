@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
-from otel_rl.exporters.base import RowRejected, TrackerExporter
 
 from otel_rl import Logger
+from otel_rl.exporters.base import RowRejected, TrackerExporter
 
 
 class FlakyTracker(TrackerExporter):

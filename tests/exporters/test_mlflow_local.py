@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from otel_rl.exporters.mlflow import is_file_store, run_status
-from otel_rl.exporters.mlflow_names import MAX_NAME_LENGTH, NameMap, sanitize
 
 from otel_rl import Logger
+from otel_rl.exporters.mlflow import is_file_store, run_status
+from otel_rl.exporters.mlflow_names import MAX_NAME_LENGTH, NameMap, sanitize
 
 pytest.importorskip("mlflow")
 

@@ -11,10 +11,9 @@ import pytest
 
 pytest.importorskip("swanlab")
 
-from otel_rl.exporters.swanlab import SwanLabExporter
-
 from otel_rl import Logger
 from otel_rl.core.records import StepBatch
+from otel_rl.exporters.swanlab import SwanLabExporter
 from testkit.tracker_readers import read_swanlab, swanlab_run_dirs
 
 

@@ -24,10 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from otel_rl.core.records import RowValue, StepBatch
 from otel_rl.exporters.base import TrackerExporter
 from otel_rl.exporters.jsonl import holds_lines_since
-
-from otel_rl.core.records import RowValue, StepBatch
 
 NAME = "faultfile"
 

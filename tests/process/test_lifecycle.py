@@ -535,10 +535,9 @@ def _child_writes_to(stream: _StreamWithALock, queue: Any) -> None:
 def test_a_fork_while_otel_rl_writes_to_a_shared_stream_waits_for_the_write(tmp_path, writer):
     """A child forked while a background thread of otel-rl writes a line to a stream the process
     shares (a log handler's, the console's) must not inherit that stream's lock held."""
+    from otel_rl.compat.verl_exporters import VerlConsoleExporter
     from otel_rl.exporters import TrackerExporter
     from otel_rl.exporters.console import ConsoleExporter
-
-    from otel_rl.compat.verl_exporters import VerlConsoleExporter
 
     ctx = multiprocessing.get_context("fork")
     stream = _StreamWithALock()

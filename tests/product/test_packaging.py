@@ -60,13 +60,12 @@ def test_wheel_installs_exporters_as_otel_rl_exporters(tmp_path):
 def test_the_extension_api_is_one_public_module_and_the_version_is_the_installed_one():
     from importlib.metadata import version
 
-    from otel_rl.exporters import HistogramValue, RowRejected, StepBatch, TrackerExporter
-    from otel_rl.exporters.base import TrackerExporter as Base
-
     import otel_rl
     from otel_rl.core.failures import RowRejected as Rejected
     from otel_rl.core.records import HistogramValue as Histogram
     from otel_rl.core.records import StepBatch as Batch
+    from otel_rl.exporters import HistogramValue, RowRejected, StepBatch, TrackerExporter
+    from otel_rl.exporters.base import TrackerExporter as Base
 
     assert (TrackerExporter, RowRejected, StepBatch, HistogramValue) == (
         Base, Rejected, Batch, Histogram

@@ -7,9 +7,9 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from otel_rl.exporters.base import TrackerExporter
 
 from otel_rl import Logger, MetricError
+from otel_rl.exporters.base import TrackerExporter
 
 
 class Capture(TrackerExporter):

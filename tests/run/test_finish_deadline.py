@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from otel_rl.exporters import TrackerExporter
 
 from otel_rl import Logger
+from otel_rl.exporters import TrackerExporter
 from otel_rl.process.deadline import Deadline, stop_in_parallel
 from testkit.readers import jsonl_rows
 from tests.faults.fault_tracker import env_with_faultfile, read_rows, set_mode

@@ -34,11 +34,11 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from otel_rl.exporters.base import TrackerExporter
 
 from otel_rl import Logger
 from otel_rl.core.records import RowValue, StepBatch
 from otel_rl.delivery.spool import spool_root
+from otel_rl.exporters.base import TrackerExporter
 
 SEED = int(os.environ.get("OTEL_RL_PROPERTY_SEED", "12"))
 NUMBER_KEYS = ("loss", "reward", "kl", "lr")
