@@ -6,11 +6,15 @@ for it: same ``scrape_configs``, only the SD path pointed at a temporary directo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import textwrap
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -49,13 +53,43 @@ def _query(url: str, promql: str) -> list[dict]:
     return body["data"]["result"]
 
 
-@pytest.mark.slow
-def test_prometheus_scrapes_the_engines_listed_in_the_monitors_sd_file(tmp_path):
-    binary = prometheus_binary()
-    vllm, sglang = PageServer(V1_FIRST), PageServer(SG_FIRST)
-    monitor = RolloutMonitor([vllm.url, sglang.url], emit=lambda s, v: None, start=False)
-    sd_dir = tmp_path / "sd" / "rollout"
-    monitor.write_sd_file(sd_dir / "run-1.json", labels={"otel_rl_run_id": "run-1"})
+@contextlib.contextmanager
+def _prometheus(tmp_path: Path, jobs: list[dict]) -> Iterator[str]:
+    """A real Prometheus scraping ``jobs`` every second; yields its URL."""
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": jobs}))
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}"
+        assert process.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()
+
+
+def _wait_query(url: str, promql: str, enough: int, timeout: float = 60) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    result: list[dict] = []
+    while time.monotonic() < deadline:
+        try:
+            result = _query(url, promql)
+        except OSError:
+            result = []
+        if len(result) >= enough:
+            break
+        time.sleep(0.25)
+    return result
+
+
+def _engine_jobs(tmp_path: Path, sd_dir: Path) -> list[dict]:
+    """The collector's engine jobs, scraping every second, their SD files under ``tmp_path``."""
     jobs = []
     for job in _engine_scrape_configs():
         job = dict(job, scrape_interval="1s", scrape_timeout="1s")
@@ -64,41 +98,73 @@ def test_prometheus_scrapes_the_engines_listed_in_the_monitors_sd_file(tmp_path)
         else:  # no Ray here: its SD file is absent, which must be harmless
             job["file_sd_configs"] = [{"files": [str(tmp_path / "ray" / "sd.json")]}]
         jobs.append(job)
-    config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": jobs}))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    return jobs
+
+
+@pytest.mark.slow
+def test_prometheus_scrapes_the_engines_listed_in_the_monitors_sd_file(tmp_path):
+    vllm, sglang = PageServer(V1_FIRST), PageServer(SG_FIRST)
+    monitor = RolloutMonitor([vllm.url, sglang.url], emit=lambda s, v: None, start=False)
+    sd_dir = tmp_path / "sd" / "rollout"
+    monitor.write_sd_file(sd_dir / "run-1.json", labels={"otel_rl_run_id": "run-1"})
     try:
-        deadline = time.monotonic() + 60
-        result: list[dict] = []
-        while time.monotonic() < deadline:
-            assert process.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
-            try:
-                result = _query(
-                    url,
-                    'vllm:num_requests_running{otel_rl_run_id="run-1"} '
-                    'or sglang:num_running_reqs{otel_rl_run_id="run-1"}',
-                )
-            except OSError:
-                result = []
-            if len(result) == 2:
-                break
-            time.sleep(0.25)
+        with _prometheus(tmp_path, _engine_jobs(tmp_path, sd_dir)) as url:
+            result = _wait_query(
+                url,
+                'vllm:num_requests_running{otel_rl_run_id="run-1"} '
+                'or sglang:num_running_reqs{otel_rl_run_id="run-1"}',
+                enough=2,
+            )
         values = {r["metric"]["__name__"]: float(r["value"][1]) for r in result}
         assert values == {"vllm:num_requests_running": 64.0, "sglang:num_running_reqs": 256.0}
         for r in result:
             assert r["metric"]["job"] == "rollout-engines"
             assert r["metric"]["otel_rl_role"] == "rollout"
     finally:
-        process.terminate()
-        process.wait(10)
-        log.close()
         vllm.close()
         sglang.close()
+        monitor.close()
+
+
+def _security_doc_job() -> dict:
+    """The ``rollout-engines`` job with ``basic_auth`` exactly as docs/security.md gives it."""
+    text = (REPO / "docs" / "security.md").read_text()
+    [block] = [b for b in text.split("```yaml\n")[1:] if "basic_auth:" in b.split("```")[0]]
+    return yaml.safe_load(textwrap.dedent(block.split("```")[0]))[0]
+
+
+@pytest.mark.slow
+def test_an_engine_behind_basic_auth_is_scraped_through_the_jobs_basic_auth(tmp_path):
+    """An engine URL with credentials: the monitor's SD file lists ``host:port`` without them
+    (no secret in the file), the shipped job then gets 401s, and the job with ``basic_auth`` as
+    docs/security.md writes it (password from a file) scrapes the engine."""
+    engine = PageServer(V1_FIRST, basic_auth=("rollout", "s3cret-pw"))
+    host_port = engine.url.split("//", 1)[1].split("/", 1)[0]
+    monitor = RolloutMonitor([f"http://rollout:s3cret-pw@{host_port}/metrics"],
+                             emit=lambda s, v: None, start=False)  # fmt: skip
+    sd_dir = tmp_path / "sd" / "rollout"
+    sd_file = sd_dir / "run-1.json"
+    monitor.write_sd_file(sd_file, labels={"otel_rl_run_id": "run-1"})
+    assert "s3cret-pw" not in sd_file.read_text()
+    assert json.loads(sd_file.read_text())[0]["targets"] == [host_port]
+    password = tmp_path / "rollout-password"
+    password.write_text("s3cret-pw\n")
+    shipped = next(j for j in _engine_jobs(tmp_path, sd_dir) if j["job_name"] == "rollout-engines")
+    documented = _security_doc_job()
+    assert documented["basic_auth"]["username"] == "rollout"
+    with_auth = {**shipped, "job_name": "rollout-engines-auth",
+                 "basic_auth": {**documented["basic_auth"], "password_file": str(password)}}
+    try:
+        with _prometheus(tmp_path, [shipped, with_auth]) as url:
+            up = _wait_query(url, "up", enough=2)
+            running = _wait_query(url, 'vllm:num_requests_running{otel_rl_run_id="run-1"}', 1)
+        assert {r["metric"]["job"]: float(r["value"][1]) for r in up} == {
+            "rollout-engines": 0.0, "rollout-engines-auth": 1.0,
+        }  # fmt: skip
+        assert [(r["metric"]["job"], float(r["value"][1])) for r in running] == [
+            ("rollout-engines-auth", 64.0)
+        ]
+        assert engine.authorizations.count(None) >= 1  # the shipped job asked without them
+    finally:
+        engine.close()
         monitor.close()
