@@ -503,6 +503,20 @@ def make_worker_class(ray):
             self.timer.reset()
             return {"timing": timing, "metrics": self.metrics.snapshot()}
 
+        def update_actor(self, carrier: dict[str, str]) -> dict[str, float]:
+            """verl's worker side: ``marked_timer``/``simple_timer`` into a ``timing_raw``."""
+            from otel_rl import use_trace_carrier
+            from otel_rl.compat.verl import marked_timer, simple_timer
+
+            timing_raw: dict[str, float] = {}
+            with (
+                use_trace_carrier(carrier),
+                marked_timer("update_policy", timing_raw),
+                simple_timer("forward_backward", timing_raw),
+            ):
+                time.sleep(WORK_S)
+            return timing_raw
+
         def heartbeat(self) -> None:
             with self.metrics.timer("heartbeat"):  # called outside any driver timer: no context
                 pass
@@ -580,6 +594,53 @@ def test_a_worker_timer_in_a_ray_actor_is_a_child_of_the_drivers_compat_timer(
             with capsys.disabled():
                 print(f"\nNeMo RL step {step} across a Ray actor (trace {root.trace_id.hex()}):")
                 print(tree_text(trace, root))
+
+
+@pytest.mark.slow
+def test_verl_timers_in_a_ray_actor_continue_the_drivers_marked_timer(
+    ray_cluster, tmp_path, receiver, monkeypatch
+):
+    """verl's ``marked_timer``/``simple_timer`` inside a Ray actor, given the driver's carrier:
+    their spans are children of the driver's ``marked_timer("update_actor")`` span in the step's
+    trace, made in the actor's process, and last what the actor's ``timing_raw`` holds."""
+    ray = ray_cluster
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OTEL_RL_LOG_DIR", str(tmp_path / "otel"))
+    worker = make_worker_class(ray).remote(receiver.endpoint, True, 0)
+    config = {"trainer": {"project_name": "gsm8k", "experiment_name": "ppo"},
+              "otel_rl": {"run_id": "verl-ray", "tracing": {"enabled": True},
+                          "otlp": {"enabled": True, "endpoint": receiver.endpoint}}}  # fmt: skip
+    tracking = Tracking("gsm8k", "ppo", default_backend=["console"], config=config)
+    worker_timing: dict[int, dict[str, float]] = {}
+    try:
+        for step in (1, 2):
+            timing_raw: dict[str, float] = {}
+            with marked_timer("step", timing_raw), marked_timer("update_actor", timing_raw):
+                worker_timing[step] = ray.get(worker.update_actor.remote(trace_carrier()))
+            tracking.log(data={f"timing_s/{k}": v for k, v in timing_raw.items()}, step=step)
+        tracking.finish()
+        assert ray.get(worker.flush.remote())
+        # per step: rl.step, 2 driver timers, 2 worker timers
+        assert receiver.wait_for(10, timeout=30), [s.name for _, s in receiver.spans]
+    finally:
+        ray.kill(worker)
+    spans = list(receiver.spans)
+    roots = step_roots(spans)
+    assert sorted(roots) == [1, 2]
+    for step, root in roots.items():
+        trace = in_trace(spans, root)
+        assert tree(trace, root) == (
+            "rl.step", (("step", (("update_actor", (
+                ("update_policy", (leaf("forward_backward"),)),
+            )),)),),
+        )  # fmt: skip
+        by_name = {s.name: (r, s) for r, s in trace}
+        driver_pid = by_name["update_actor"][0]["process.pid"]
+        for name in ("update_policy", "forward_backward"):
+            resource, span = by_name[name]
+            assert resource["process.pid"] != driver_pid  # made in the actor
+            assert resource["otel_rl.run_id"] == "verl-ray"
+            assert duration(span) == pytest.approx(worker_timing[step][name], abs=TOLERANCE_S)
 
 
 @pytest.mark.slow
