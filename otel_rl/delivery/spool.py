@@ -265,8 +265,28 @@ def read_segment(
             except (CorruptRecord, UnicodeDecodeError) as exc:
                 if skipped is not None:
                     skipped.append(Skipped(path, start, _reason(exc, raw)))
+                whole = _whole_record_after_damage(raw)
+                if whole is not None:
+                    yield (*whole, position)
                 continue
             yield seq, record, position
+
+
+#: How every record line starts (``encode_record``). A nested object can start alike (a
+#: hyperparameter named ``kind``), but what follows it never parses as one whole line.
+_LINE_START = b'{"kind":"'
+
+
+def _whole_record_after_damage(raw: bytes) -> tuple[int, Any] | None:
+    """A whole record at the end of a damaged line: damage over a line's newline joins it to
+    the next line, whose bytes are intact and must not be lost with it."""
+    at = raw.find(_LINE_START, 1)
+    while at > 0:
+        try:
+            return decode_record(raw[at:].decode("utf-8"))
+        except (CorruptRecord, UnicodeDecodeError):
+            at = raw.find(_LINE_START, at + 1)
+    return None
 
 
 def _reason(exc: Exception, raw: bytes) -> str:

@@ -91,6 +91,7 @@ def _region(lines: list[tuple[int, int, dict]], where: str) -> tuple[int, bytes]
     return {
         "inside a line": (start + 20, GARBAGE),
         "across a newline": (end - 24, GARBAGE),
+        "ending on a newline": (end - len(GARBAGE), GARBAGE),  # the next line is not touched
         "in the first line": (first_start + 2, GARBAGE),
         "in the last line": (last_start + 30, GARBAGE),
         "over the last newline": (last_end - 24, GARBAGE[:24]),
@@ -110,7 +111,8 @@ def _touched_steps(lines: list[tuple[int, int, dict]], at: int, size: int) -> se
 
 
 @pytest.mark.parametrize("where", [
-    "inside a line", "across a newline", "in the first line", "in the last line",
+    "inside a line", "across a newline", "ending on a newline", "in the first line",
+    "in the last line",
     "over the last newline", "invalid UTF-8 only", "one NUL byte",
 ])  # fmt: skip
 def test_damaged_bytes_cost_only_the_records_they_touch(down_run, tmp_path, where):

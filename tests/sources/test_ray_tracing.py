@@ -77,7 +77,7 @@ def test_worker_timer_spans_join_the_driver_step_trace(log_dir, capsys):
         PYTHONPATH=str(ROOT),
     )
     driver = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "ray_tracing_driver.py"), str(log_dir), str(STEPS)],
+        [sys.executable, str(ROOT / "testkit" / "ray_tracing_driver.py"), str(log_dir), str(STEPS)],
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, cwd=ROOT,
     )  # fmt: skip
