@@ -173,7 +173,8 @@ def _monitor(args: argparse.Namespace, stop: _StopOnSignal) -> int:
             if stop.signum:
                 logger.finish(exit_code=stop.exit_code)
                 return stop.exit_code
-            return 0 if scraper.last is not None else 1
+            # An answer is a node's page read: a round where every node failed is none.
+            return 0 if scraper.last is not None and scraper.last.samples else 1
         from rich.live import Live
 
         with Live(render(scraper), console=console, refresh_per_second=2) as live:

@@ -176,6 +176,9 @@ def _demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"otel-rl demo: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a --log-dir that cannot be written: one line, not a traceback
+        print(f"otel-rl demo: --log-dir {args.log_dir}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return _demo_stopped(signal.SIGINT, started)
     except SystemExit as exc:

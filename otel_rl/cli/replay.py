@@ -124,12 +124,20 @@ def replay(
                 )
             except Exception as exc:  # one broken spool must not stop the others
                 results.append(
-                    ReplayResult(directory.parent.name, directory.name, 0, 0,
+                    ReplayResult(directory.parent.name, directory.name, _waiting(directory), 0,
                                  error=f"{type(exc).__name__}: {exc}")
                 )  # fmt: skip
     if interrupted:
         raise _Interrupted(interrupted[0], results)
     return results
+
+
+def _waiting(directory: Path) -> int:
+    """Records waiting in a spool that could not be replayed (0 when even that is unreadable)."""
+    try:
+        return len(scan(directory)[0])
+    except Exception:
+        return 0
 
 
 class _Interrupted(Exception):

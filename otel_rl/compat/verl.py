@@ -227,7 +227,8 @@ class ValidationGenerationsLogger:
     ) -> None:
         from otel_rl.compat.tracker_tables import cell, submit_table
 
-        names = set(backend_names(loggers))
+        # As in verl, its console and file backends never take generations.
+        names = set(backend_names(loggers)) - {"console", "file"}
         given = [tuple(sample) for sample in samples]
         rows = [tuple(cell(v) for v in _triple(sample)) for sample in given]
         tracking = self.tracking or active_tracking()

@@ -157,8 +157,9 @@ def resolve_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) ->
     from otel_rl.config.schema import validate
     from otel_rl.config.tracker_settings import check_tracker_settings
 
-    cfg = validate(load_config(source))
-    _check(cfg)
+    given = load_config(source)
+    cfg = validate(given)
+    _check(cfg, given)
     check_tracker_settings(cfg)
     return cfg
 
@@ -178,14 +179,17 @@ def __getattr__(name: str) -> Any:
 DEFAULTS: dict[str, Any]
 
 
-def _check(cfg: dict[str, Any]) -> None:
+def _check(cfg: dict[str, Any], given: Mapping[str, Any]) -> None:
     """What involves several keys or another module's rules (the schema checked each key)."""
     export = cfg["export"]
     if export["on_full"] == "spool" and not export["spool"]:
-        raise ConfigError(
-            "logger config 'export.on_full: spool' needs 'export.spool: true'; "
-            "choose 'block' or 'drop_oldest' without a spool"
-        )
+        said = given.get("export")
+        if isinstance(said, Mapping) and "on_full" in said:
+            raise ConfigError(
+                "logger config 'export.on_full: spool' needs 'export.spool: true'; "
+                "choose 'block' or 'drop_oldest' without a spool"
+            )
+        export["on_full"] = "drop_oldest"  # the default's meaning without a spool
     _check_gpu_sources(cfg)
     from otel_rl.distributed.reductions import check_reductions
 

@@ -83,13 +83,25 @@ class Failure:
         return f"{text} — {self.hint}" if self.hint else text
 
 
+#: The trackers whose SDK an extra of otel-rl installs (pyproject.toml's optional dependencies).
+OWN_EXTRAS = frozenset({"mlflow", "swanlab", "tensorboard", "trackio", "wandb"})
+
+
+def install_hint(tracker: str, module: str | None) -> str:
+    """How to install what ``tracker`` misses: otel-rl's extra for its own trackers, the
+    missing module for anyone else's."""
+    if tracker in OWN_EXTRAS:
+        return f'install the tracker\'s SDK: pip install "otel-rl[{tracker}]"'
+    what = (module or tracker).split(".")[0]
+    return f"install the tracker's SDK (the {what!r} module): pip install {what}"
+
+
 def classify(exc: BaseException, phase: Phase, tracker: str) -> Failure:
     """The kind of ``exc`` raised by ``tracker`` while opening it or writing a record."""
     if isinstance(exc, RowRejected):
         return Failure("record", exc)
     if isinstance(exc, ImportError):
-        hint = f'install the tracker\'s SDK: pip install "otel-rl[{tracker}]"'
-        return Failure("permanent", exc, hint)
+        return Failure("permanent", exc, install_hint(tracker, exc.name))
     names = {cls.__name__ for cls in type(exc).__mro__}
     if names & set(_AUTH_NAMES):
         return Failure(

@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from otel_rl.core.errors import ConfigError
+from otel_rl.core.failures import install_hint
 
 ENTRY_POINT_GROUP = "otel_rl.exporters"
 
@@ -60,15 +61,15 @@ def exporter_class(name: str) -> type[Any]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
-            f"the '{name}' backend needs an optional dependency: {exc}. "
-            f"Install it with: pip install 'otel-rl[{name}]'"
+            f"the '{name}' backend needs an optional dependency: {exc}; "
+            f"{install_hint(name, exc.name)}"
         ) from exc
     cls: type[Any] = getattr(module, attr)
     for requirement in getattr(cls, "requires", ()):
         if importlib.util.find_spec(requirement) is None:
             raise ConfigError(
-                f"the '{name}' backend needs the '{requirement}' package. "
-                f"Install it with: pip install 'otel-rl[{name}]'"
+                f"the '{name}' backend needs the '{requirement}' package; "
+                f"{install_hint(name, requirement)}"
             )
     return cls
 

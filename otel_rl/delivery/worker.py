@@ -273,9 +273,11 @@ class Delivery:
                 continue
             with self._cond:
                 items = self._take_locked()
+            refused = self.stats.get("rejected", 0)
             done, failure = self._writer.write(
                 items, feed.spool.note_attempt if feed is not None else None
             )
+            refused = self.stats.get("rejected", 0) - refused  # done, set aside: not delivered
             if done:
                 # Marked done right after the tracker holds them: a kill in between is the
                 # only way a record is sent twice, and that window is two system calls wide.
@@ -285,7 +287,7 @@ class Delivery:
                 for _ in range(done):
                     self._queue.popleft()
                 self._inflight = 0
-                self.stats["delivered"] += done
+                self.stats["delivered"] += done - refused
                 self._cond.notify_all()
             if failure is None:
                 backoff = 0.0

@@ -94,6 +94,11 @@ class RunTrackers:
                 f"{exporter.name} spool is held by {busy.holder}; give each run its own run_id "
                 "(or leave it unset for a fresh one)"
             ) from None
+        except OSError as exc:  # a read-only, full or wrong-kind log_dir: said at Logger()
+            raise ConfigError(
+                f"logger config 'log_dir': {str(self._log_dir)!r} cannot hold {exporter.name}'s "
+                f"spool ({exc}); give a writable folder, or set export.spool: false"
+            ) from None
 
     def _spool_options(self, tracker: str) -> dict[str, Any]:
         if not self._cfg["export"]["spool"]:

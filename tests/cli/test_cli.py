@@ -194,3 +194,13 @@ def test_gpu_monitor_without_ray_installed_names_the_extra(tmp_path):
         "otel-rl gpu-monitor: --ray-address needs Ray: pip install 'otel-rl[ray]', or scrape "
         "nodes directly with --endpoint http://HOST:PORT/metrics"
     )
+
+
+def test_demo_with_a_log_dir_that_cannot_be_written_says_so_in_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    done = otel_rl("demo", "--log-dir", str(tmp_path / "afile" / "demo"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert one_clear_line(done.stderr) == (
+        f"otel-rl demo: --log-dir {tmp_path / 'afile' / 'demo'}: [Errno 20] Not a directory: "
+        f"'{tmp_path / 'afile' / 'demo'}'"
+    )

@@ -215,3 +215,20 @@ def test_two_experiments_of_one_project_keep_their_own_files(workdir, monkeypatc
         assert params["actor.lr"] == lr
         assert [r["data"]["loss"] for r in jsonl_rows(folder / f"{name}.jsonl")] == [lr]
     assert not (folder / "hyperparams.json").exists()
+
+
+def test_console_and_file_never_take_validation_generations(workdir, monkeypatch, capsys):
+    """As in verl: ``ValidationGenerationsLogger.log(["console", "file", "tensorboard"], ...)``
+    writes the generations to TensorBoard only; the file backend's folder gets no table."""
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(workdir / "files"))
+    monkeypatch.setenv("TENSORBOARD_DIR", str(workdir / "tb"))
+    monkeypatch.setenv("OTEL_RL_LOG_DIR", str(workdir / "otel"))
+    tracking = Tracking("p", "e", ["console", "file", "tensorboard"])
+    tracking.log({"score": 1.0}, step=1)
+    ValidationGenerationsLogger().log(["console", "file", "tensorboard"],
+                                      [("prompt", "answer", 1.0)], step=1)  # fmt: skip
+    tracking.finish()
+    assert sorted(p.name for p in (workdir / "files" / "p").iterdir()) == ["e.jsonl"]
+    assert "answer" not in capsys.readouterr().out
+    texts = tensorboard_accumulator(workdir / "tb").Tags()["tensors"]
+    assert any("val/generations" in tag for tag in texts)

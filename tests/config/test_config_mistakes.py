@@ -361,3 +361,28 @@ def load_config_file(path: Path) -> dict[str, Any]:
 
     loaded: dict[str, Any] = load_config(str(path))
     return loaded
+
+
+def test_spool_off_alone_means_drop_oldest_and_an_explicit_on_full_spool_is_refused():
+    """``export.spool: false`` by itself works (the default ``on_full: spool`` means
+    ``drop_oldest`` without a spool, docs/reliability.md); ``on_full: spool`` written beside it
+    asks for what cannot be, and says so."""
+    assert resolve_config({"export": {"spool": False}})["export"]["on_full"] == "drop_oldest"
+    assert resolve_config({"export": {"spool": True}})["export"]["on_full"] == "spool"
+    with pytest.raises(ConfigError, match=r"'export.on_full: spool' needs 'export.spool: true'"):
+        resolve_config({"export": {"spool": False, "on_full": "spool"}})
+
+
+def test_a_log_dir_that_cannot_hold_the_spool_is_a_config_error(tmp_path):
+    """A file where the log dir should be (or a read-only one): ``Logger()`` says which key and
+    what to do, and leaves nothing running, instead of a bare ``OSError`` from a spool thread."""
+    (tmp_path / "afile").write_text("")
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(ConfigError) as error:
+        Logger({"log_dir": str(tmp_path / "afile" / "logs")})
+    assert str(error.value).startswith(
+        f"logger config 'log_dir': {str(tmp_path / 'afile' / 'logs')!r} cannot hold jsonl's spool "
+        "([Errno 20] Not a directory"
+    )
+    assert str(error.value).endswith("give a writable folder, or set export.spool: false")
+    assert {t.name for t in threading.enumerate()} - before == set()

@@ -635,3 +635,4 @@ def test_replay_passes_over_a_spool_with_nothing_waiting_even_when_its_tracker_c
                              text=True, timeout=120)  # fmt: skip
     assert refused.returncode == 1
     assert "no tracker exporter named 'inmemory'" in refused.stdout + refused.stderr
+    assert "inmemory" in refused.stdout and "0/1 record(s) delivered" in refused.stdout

@@ -123,7 +123,8 @@ def test_rejected_row_is_skipped_and_counted(log_dir):
         logger.log_metrics({"x": 2}, step=2)
     assert tracker.steps == [0, 2]
     assert tracker.stats["rejected"] == 1
-    assert tracker.stats["delivered"] == 3
+    assert tracker.stats["delivered"] == 2  # written; the refused one is counted apart
+    assert tracker.lost == {"refused": 1}
 
 
 def test_bounded_queue_drops_oldest_and_says_so(otel_rl_warnings):

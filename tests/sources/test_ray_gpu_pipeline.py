@@ -159,6 +159,14 @@ def test_gpu_gauges_reach_prometheus_with_attributes(farm, log_dir):
     assert any(n.startswith("otel_rl_scrape_duration") for n in samples)
 
 
+def test_cli_gpu_monitor_once_with_no_node_answering_exits_1(farm, capsys):
+    """docs/gpu-monitoring.md: ``--once`` exits 0 when it got an answer, 1 when it got none; a
+    round in which every node refused is no answer (the table still says why)."""
+    refused = farm.add(mode="refused")
+    assert main(["gpu-monitor", "--endpoint", refused, "--once", "--timeout", "2"]) == 1
+    assert "0/1 nodes answered" in capsys.readouterr().out
+
+
 def test_cli_gpu_monitor_prints_a_table(farm, capsys):
     node = simulated_node(12)
     url = farm.add(render(node, TEMPLATE))
