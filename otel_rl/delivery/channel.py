@@ -58,7 +58,9 @@ class Tracker(Protocol):
 class Channel:
     """The delivery of one tracker: options, spool, worker, and what is left at the end."""
 
-    def __init__(self, tracker: Tracker, *, given: Mapping[str, Any], batches_one_by_one: bool):
+    def __init__(
+        self, tracker: Tracker, *, given: Mapping[str, Any], batches_one_by_one: bool
+    ) -> None:
         self.tracker = tracker
         self.name = tracker.name
         # Options given to the tracker itself win over the ones a run attaches.
