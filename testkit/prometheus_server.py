@@ -15,7 +15,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +45,14 @@ class PrometheusServer:
     def __init__(
         self,
         workdir: Path,
-        targets: Sequence[str],
+        targets: Sequence[str] = (),
         job: str = "otel-rl",
         file_sd: Sequence[Path] = (),
+        scrape_configs: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """``file_sd``: Prometheus ``file_sd`` files (e.g. the one a Logger keeps for its
-        inference engines), scraped by a second job."""
+        inference engines), scraped by a second job. ``scrape_configs``: jobs as they are (the
+        collector's own), instead of the two above."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
@@ -70,6 +72,11 @@ class PrometheusServer:
                 f"      - files: [{', '.join(repr(str(f)) for f in file_sd)}]\n"
                 "        refresh_interval: 1s\n"
             )
+        if scrape_configs is not None:
+            import yaml
+
+            text = yaml.safe_dump({"global": {"scrape_interval": "1s"},
+                                   "scrape_configs": list(scrape_configs)})  # fmt: skip
         config.write_text(text)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

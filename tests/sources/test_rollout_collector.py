@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import textwrap
-import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +17,7 @@ import yaml
 
 from otel_rl.rollout.monitor import RolloutMonitor
 from testkit.dashboard import REPO
-from testkit.prometheus_server import free_port, prometheus_binary
+from testkit.prometheus_server import PrometheusServer
 from testkit.rollout_pages import SG_FIRST, V1_FIRST, PageServer
 
 COLLECTOR = REPO / "collector-config" / "otel-collector.yaml"
@@ -45,47 +41,15 @@ def test_the_engines_receiver_has_both_file_sd_jobs_in_its_own_pipeline():
     assert pipelines["metrics/engines"]["exporters"] == ["prometheus"]
 
 
-def _query(url: str, promql: str) -> list[dict]:
-    params = urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(f"{url}/api/v1/query?{params}", timeout=5) as r:
-        body = json.load(r)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
 @contextlib.contextmanager
-def _prometheus(tmp_path: Path, jobs: list[dict]) -> Iterator[str]:
-    """A real Prometheus scraping ``jobs`` every second; yields its URL."""
-    config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": jobs}))
-    port = free_port()
-    log = (tmp_path / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+def _prometheus(tmp_path: Path, jobs: list[dict]) -> Iterator[PrometheusServer]:
+    """A real Prometheus scraping ``jobs`` every second."""
+    server = PrometheusServer(tmp_path / "prometheus", scrape_configs=jobs)
     try:
-        yield f"http://127.0.0.1:{port}"
-        assert process.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+        server.wait_ready()
+        yield server
     finally:
-        process.terminate()
-        process.wait(10)
-        log.close()
-
-
-def _wait_query(url: str, promql: str, enough: int, timeout: float = 60) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    result: list[dict] = []
-    while time.monotonic() < deadline:
-        try:
-            result = _query(url, promql)
-        except OSError:
-            result = []
-        if len(result) >= enough:
-            break
-        time.sleep(0.25)
-    return result
+        server.stop()
 
 
 def _engine_jobs(tmp_path: Path, sd_dir: Path) -> list[dict]:
@@ -108,12 +72,11 @@ def test_prometheus_scrapes_the_engines_listed_in_the_monitors_sd_file(tmp_path)
     sd_dir = tmp_path / "sd" / "rollout"
     monitor.write_sd_file(sd_dir / "run-1.json", labels={"otel_rl_run_id": "run-1"})
     try:
-        with _prometheus(tmp_path, _engine_jobs(tmp_path, sd_dir)) as url:
-            result = _wait_query(
-                url,
+        with _prometheus(tmp_path, _engine_jobs(tmp_path, sd_dir)) as prometheus:
+            result = prometheus.wait_for(
                 'vllm:num_requests_running{otel_rl_run_id="run-1"} '
                 'or sglang:num_running_reqs{otel_rl_run_id="run-1"}',
-                enough=2,
+                lambda r: len(r) == 2, timeout=60,
             )
         values = {r["metric"]["__name__"]: float(r["value"][1]) for r in result}
         assert values == {"vllm:num_requests_running": 64.0, "sglang:num_running_reqs": 256.0}
@@ -155,9 +118,11 @@ def test_an_engine_behind_basic_auth_is_scraped_through_the_jobs_basic_auth(tmp_
     with_auth = {**shipped, "job_name": "rollout-engines-auth",
                  "basic_auth": {**documented["basic_auth"], "password_file": str(password)}}
     try:
-        with _prometheus(tmp_path, [shipped, with_auth]) as url:
-            up = _wait_query(url, "up", enough=2)
-            running = _wait_query(url, 'vllm:num_requests_running{otel_rl_run_id="run-1"}', 1)
+        with _prometheus(tmp_path, [shipped, with_auth]) as prometheus:
+            up = prometheus.wait_for("up", lambda r: len(r) == 2, timeout=60)
+            running = prometheus.wait_for(
+                'vllm:num_requests_running{otel_rl_run_id="run-1"}', bool, timeout=60
+            )
         assert {r["metric"]["job"]: float(r["value"][1]) for r in up} == {
             "rollout-engines": 0.0, "rollout-engines-auth": 1.0,
         }  # fmt: skip
