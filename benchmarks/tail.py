@@ -74,12 +74,12 @@ def timed(log: Callable[[dict[str, Any], int], None], steps: int) -> tuple[list[
     return costs, collections
 
 
-def ours(root: Path, steps: int, trackers: str) -> dict[str, Any]:
+def ours(root: Path, steps: int, trackers: str, delivery: str = "thread") -> dict[str, Any]:
     from otel_rl import Logger
 
     cfg: dict[str, Any] = {
         "log_dir": str(root), "jsonl_enabled": True,
-        "export": {"shutdown_timeout": 10.0},
+        "export": {"shutdown_timeout": 10.0, "delivery": delivery},
     }  # fmt: skip
     if trackers != "jsonl":
         cfg["tensorboard_enabled"] = True

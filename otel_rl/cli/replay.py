@@ -50,8 +50,8 @@ from otel_rl.delivery.spool import (
     write_meta,
 )
 from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.process.lifecycle import KILLED_EXIT_CODE
 
-KILLED_EXIT_CODE = 137
 #: ``otel-rl replay``'s exit code when a spool was in use (by the live run or another replay)
 #: and everything else went through: try again later (``EX_TEMPFAIL``).
 BUSY_EXIT_CODE = 75

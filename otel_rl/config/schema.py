@@ -290,6 +290,11 @@ class ExportSection(Section):
         shown_type="seconds",
     )
     handle_signals: bool = _field(True, "SIGTERM drains the trackers (`SystemExit(143)`)")
+    delivery: Literal["thread", "process"] = _field(
+        "thread",
+        "where the trackers built from the config run: threads of the training process, or a "
+        "delivery process of their own ([reliability.md](reliability.md#the-delivery-process))",
+    )
 
 
 class TracingSection(Section):

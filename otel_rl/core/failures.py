@@ -45,6 +45,8 @@ LOSS_REASONS = {
     "exit_timeout": "not delivered when export.shutdown_timeout ran out (no spool)",
     "spool_vanished": "deleted or cut from the spool from outside before delivery",
     "corrupt": "in spool lines that could not be read back (otel-rl replay)",
+    "delivery_process": "not handed to the delivery process, which had exited "
+    "(export.delivery: process)",
 }
 
 

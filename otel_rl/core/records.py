@@ -236,6 +236,8 @@ class StepBatch(Record):
     provisional: bool = False
     _rows: dict[str, RowValue] | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    #: The spool line's body (``spool.encode_record``), encoded once for every tracker's spool.
+    spool_body: str | None = field(default=None, init=False, repr=False)
 
     @property
     def rows(self) -> dict[str, RowValue]:

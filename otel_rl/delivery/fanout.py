@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from otel_rl.delivery.service_link import ServiceTracker
+
 if TYPE_CHECKING:
     from otel_rl.core.records import Record
 
@@ -37,9 +39,15 @@ class Fanout:
     def send(self, record: Record | Any, to: Selector = None) -> list[str]:
         """Queue ``record`` for the selected exporters; returns the names of those reached."""
         reached = []
+        remote: list[ServiceTracker] = []
         for exporter in self.select(to):
-            exporter.submit(record)
+            if type(exporter) is ServiceTracker:
+                remote.append(exporter)  # one frame for all the trackers of a process
+            else:
+                exporter.submit(record)
             reached.append(exporter.name)
+        if remote:
+            remote[0].link.send(record, [e.name for e in remote])
         return reached
 
     def select(self, to: Selector = None) -> list[TrackerExporter]:

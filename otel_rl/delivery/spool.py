@@ -148,13 +148,18 @@ class CorruptRecord(ValueError):
 
 
 def encode_record(seq: int, record: Any) -> str:
-    """One JSON line for ``record``."""
-    if isinstance(record, Record):
-        body = {"kind": record.kind, **record.encode()}
-    else:  # an object of a third party's own: delivered live, not replayable
-        body = {"kind": "opaque", "type": type(record).__name__}
-    body["seq"] = seq
-    return json.dumps(body, separators=(",", ":"), default=str) + "\n"
+    """One JSON line for ``record``. A step's body is encoded once and kept on the batch: every
+    tracker's spool writes the same line but for its ``seq``, which ends it."""
+    body = getattr(record, "spool_body", None)
+    if body is None:
+        if isinstance(record, Record):
+            fields = {"kind": record.kind, **record.encode()}
+        else:  # an object of a third party's own: delivered live, not replayable
+            fields = {"kind": "opaque", "type": type(record).__name__}
+        body = json.dumps(fields, separators=(",", ":"), default=str)
+        if isinstance(record, StepBatch):
+            record.spool_body = body
+    return f'{body[:-1]},"seq":{seq}}}\n'
 
 
 def decode_record(line: str) -> tuple[int, Any]:

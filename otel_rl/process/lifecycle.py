@@ -59,6 +59,10 @@ from typing import Any, TypeVar
 
 from otel_rl.process.fork_safe_log import log as _log
 
+#: The exit code a run is closed with when its process died without finishing it (SIGKILL's):
+#: trackers that keep a status then mark it killed, never "finished".
+KILLED_EXIT_CODE = 128 + signal.SIGKILL
+
 _T = TypeVar("_T")
 
 __all__ = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,7 @@ from otel_rl.core.paths import folder_name
 from otel_rl.core.redaction import Patterns, redact_nested
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.registry import enabled_backends, exporter_class
+from otel_rl.delivery.service_link import ServiceLink, links_of
 from otel_rl.delivery.spool import SpoolBusy, holder_of, spool_root, waiting_records
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, Part, stop_in_parallel
 from otel_rl.process.fork_safe_log import log as _log
@@ -42,15 +44,28 @@ class RunTrackers:
         self._log_dir = Path(cfg["log_dir"])
         self._options = options
         self._redaction = redaction
-        self.exporters: list[Any] = [
-            exporter_class(name).from_config(cfg) for name in enabled_backends(cfg)
-        ]
+        classes = [exporter_class(name) for name in enabled_backends(cfg)]
+        #: The delivery process of ``export.delivery: process`` (the trackers the config
+        #: builds run there; those given as instances stay here), else None.
+        self.link: ServiceLink | None = None
+        if cfg["export"]["delivery"] == "process" and classes:
+            self.link = ServiceLink(
+                [sys.executable, "-m", "otel_rl.run.service"],
+                [cls.name for cls in classes],
+                {"cfg": dict(cfg), "run_id": run_id, "cwd": os.getcwd()},
+                options,
+            )
+            self.exporters: list[Any] = list(self.link.trackers)
+        else:
+            self.exporters = [cls.from_config(cfg) for cls in classes]
         self.exporters.extend(given)
         self._folders: set[str] = set()
 
     def start(self) -> None:
         """Attach and start every exporter; on failure, stop those started and raise."""
         try:
+            if self.link is not None:  # its spools are taken (or refused) before this returns
+                self.link.start()
             for exporter in self.exporters:  # the same export.* for every exporter
                 self._attach(exporter)
         except BaseException:
@@ -58,18 +73,28 @@ class RunTrackers:
             raise
 
     def stopping(self, deadline: Deadline, exit_code: int) -> list[Part]:
-        """Each exporter's shutdown by ``deadline`` (drained, then closed with the exit code)."""
-        return [
+        """Each exporter's shutdown by ``deadline`` (drained, then closed with the exit code), and
+        the delivery process's end."""
+        parts: list[Part] = [
             (f"tracker {getattr(e, 'name', type(e).__name__)}",
              partial(_shutdown, e, deadline, exit_code))
             for e in self.exporters
+            if not links_of([e])
         ]  # fmt: skip
+        parts += [
+            (f"delivery process ({', '.join(link.names)})",
+             partial(link.finish, deadline, exit_code))
+            for link in links_of(self.exporters)
+        ]  # fmt: skip
+        return parts
 
     def abandon(self) -> None:
         """The run failed to start: stop the trackers started so far (nothing was logged)."""
         deadline = Deadline(1.0)
-        started = [e for e in self.exporters if getattr(e, "started", False)]
+        started = [e for e in self.exporters if getattr(e, "started", False) and not links_of([e])]
         parts = [(f"tracker {e.name}", partial(_shutdown, e, deadline, 0)) for e in started]
+        if self.link is not None and self.link.process is not None:
+            parts.append(("delivery process", partial(self.link.finish, deadline, 0)))
         stop_in_parallel(parts, deadline.at + SHUTDOWN_GRACE)
 
     def _attach(self, exporter: Any) -> None:

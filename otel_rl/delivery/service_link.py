@@ -1,0 +1,441 @@
+"""The training process's end of the delivery process (``export.delivery: process``).
+
+In-process delivery shares the interpreter with the training loop: the trackers' SDK calls,
+the spool's encoding and the records held in queues compete for the GIL and are walked by every
+full garbage collection, and a loop that never releases the GIL waits for them a switch interval
+(5 ms) at a time (docs/performance.md, "The tail"). Here the trackers built from the config run
+in a child process instead (``otel_rl.run.service``), with their channels, spools, retries and
+exactly-once marks exactly as in-process; this process keeps no delivery thread and no queue of
+records. The training thread pickles each record once (a step: its rows, ~4 µs for 100 keys)
+and writes the frame to a pipe without blocking. What the pipe cannot take at once waits as
+bytes (which the garbage collector never walks) for a pusher thread that writes it while the
+training thread goes on; only ``export.queue_size`` records' worth of such backlog is kept, then
+``export.on_full`` applies (``drop_oldest`` drops, the others make the caller wait).
+
+A record written to the pipe survives this process: if it is killed, the child still reads
+what the pipe holds, delivers it and closes the trackers as killed (exit code 137). The child
+ignores SIGINT and SIGTERM and runs in a session of its own (a terminal's Ctrl-C reaches only
+the training process, which then ends the run); :meth:`ServiceLink.finish` tells it the exit
+code and the deadline, and kills it if it is still closing a second after that deadline (what it
+had not delivered is in its spools, for ``otel-rl replay``).
+
+Frames are a 4-byte big-endian length and a pickle: ``("hello", settings)``, ``("rec", names,
+record)``, ``("flush", id)``, ``("end", exit_code, seconds)``. The child answers on a second
+pipe with JSON lines: ``started`` or ``error`` once, then ``stats`` every quarter second,
+``flushed`` and ``finished``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import json
+import os
+import pickle
+import select
+import signal
+import subprocess
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from otel_rl.core.errors import ConfigError
+from otel_rl.core.failures import count_loss, losses
+from otel_rl.core.records import Record, StepBatch
+from otel_rl.delivery.options import ExportOptions
+from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
+from otel_rl.process.fork_safe_log import log as _log
+
+__all__ = ["ServiceLink", "ServiceTracker", "decode_record_frame"]
+
+_F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe holds a few hundred steps before the backlog is used
+_PIPE_SIZE = 1 << 20
+_IOV_MAX = 512  # buffers per writev (Linux allows 1024)
+
+
+def _record_frame(names: Sequence[str] | None, record: Any) -> bytes:
+    """One record as a frame. A step travels as its rows (computed here, once for every
+    tracker); other kinds as their spool encoding, which the child decodes the same way."""
+    if type(record) is StepBatch:
+        body: tuple[Any, ...] = (
+            "step", record.step, record.time, record.axis, dict(record.step_metrics),
+            record.rows, record.seal, record.provisional,
+        )  # fmt: skip
+    elif isinstance(record, Record):
+        body = ("kind", record.kind, record.encode())
+    else:
+        raise TypeError(f"a {type(record).__name__} is no record kind the delivery process knows")
+    payload = pickle.dumps(("rec", names, body), pickle.HIGHEST_PROTOCOL)
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def decode_record_frame(body: tuple[Any, ...]) -> Record:
+    """The child's side of :func:`_record_frame`."""
+    if body[0] == "step":
+        _, step, at, axis, step_metrics, rows, seal, provisional = body
+        return StepBatch(step=step, values=rows, time=at, axis=axis, step_metrics=step_metrics,
+                         seal=seal, provisional=provisional)  # fmt: skip
+    _, kind, encoded = body
+    return Record.kinds[kind].decode(encoded)
+
+
+def _frame(*message: Any) -> bytes:
+    payload = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+    return len(payload).to_bytes(4, "big") + payload
+
+
+class ServiceLink:
+    """One delivery process and the pipes to it, shared by the run's :class:`ServiceTracker`
+    proxies (one per tracker it delivers)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        names: Sequence[str],
+        settings: Mapping[str, Any],
+        options: ExportOptions,
+    ) -> None:
+        self._argv = list(argv)
+        self.names = list(names)
+        self._settings = dict(settings)
+        self._options = options
+        self.trackers = [ServiceTracker(self, name) for name in self.names]
+        self.process: subprocess.Popen[bytes] | None = None
+        self._out = -1  # the write end of the records pipe
+        self._status: Any = None  # the read end of the status pipe
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._backlog: deque[bytes] = deque()  # frames the pipe has not taken yet
+        self._backlog_records = 0
+        self._pushing = False
+        self.dead = False
+        self._ended = False
+        self._events: dict[str, threading.Event] = {
+            "started": threading.Event(), "finished": threading.Event()
+        }  # fmt: skip
+        self._flushed: dict[int, bool] = {}
+        self._flush_ids = 0
+        self.start_error: str | None = None
+        self.remote_stats: dict[str, dict[str, int]] = {name: {} for name in self.names}
+        self.remote_undelivered: dict[str, int] = {}
+        #: Records this process could not hand to the child, by tracker and reason.
+        self.local_stats: dict[str, dict[str, int]] = {name: {} for name in self.names}
+
+    @property
+    def backlog(self) -> int:
+        """Records waiting for the pipe in this process."""
+        return self._backlog_records
+
+    # ---- start ---------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Start the child and wait until its trackers are started (their spools taken);
+        raise :class:`ConfigError` with the child's reason when they cannot be."""
+        records_r, records_w = os.pipe()
+        status_r, status_w = os.pipe()
+        with contextlib.suppress(OSError):  # a smaller pipe only brings the backlog in sooner
+            fcntl.fcntl(records_w, _F_SETPIPE_SZ, _PIPE_SIZE)
+        try:
+            self.process = subprocess.Popen(
+                [*self._argv, str(records_r), str(status_w)],
+                pass_fds=(records_r, status_w),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's Ctrl-C is the training process's to handle
+            )
+        finally:
+            os.close(records_r)
+            os.close(status_w)
+        self._out = records_w
+        self._status = os.fdopen(status_r, "rb")
+        threading.Thread(target=self._read_status, name="otel-rl-delivery-status",
+                         daemon=True).start()  # fmt: skip
+        os.write(self._out, _frame("hello", self._settings))  # before any record: blocking
+        os.set_blocking(self._out, False)
+        threading.Thread(target=self._push, name="otel-rl-delivery-pipe", daemon=True).start()
+        if not self._events["started"].wait(timeout) or self.start_error is not None:
+            reason = self.start_error or f"it did not start within {timeout:g} s"
+            self._kill()
+            raise ConfigError(f"the delivery process (export.delivery: process) failed: {reason}")
+
+    # ---- the training thread -------------------------------------------------------------------
+
+    def send(self, record: Any, names: Sequence[str]) -> None:
+        """Hand ``record`` to the child for ``names``; never blocks on the child, except when
+        ``export.queue_size`` records wait already and ``export.on_full`` is not drop_oldest."""
+        try:
+            frame = _record_frame(None if len(names) == len(self.names) else tuple(names), record)
+        except Exception as exc:  # cannot be pickled: costs only this record
+            for name in names:
+                count_loss(self.local_stats[name], "refused")
+            _log.warning("otel-rl: a record cannot reach the delivery process (%s: %s); "
+                         "it is dropped", type(exc).__name__, exc)  # fmt: skip
+            return
+        with self._cond:
+            if self.dead or self._ended:
+                for name in names:
+                    count_loss(self.local_stats[name], "delivery_process")
+                return
+            if not self._backlog and not self._pushing:
+                try:
+                    written = os.write(self._out, frame)
+                except BlockingIOError:
+                    written = 0
+                except OSError:  # the child is gone: the status reader says so once
+                    for name in names:
+                        count_loss(self.local_stats[name], "delivery_process")
+                    return
+                if written == len(frame):
+                    return
+                frame = frame[written:]
+            self._make_room_locked(names)
+            self._backlog.append(frame)
+            self._backlog_records += 1
+            self._cond.notify_all()
+
+    def _make_room_locked(self, names: Sequence[str]) -> None:
+        while self._backlog_records >= self._options.queue_size and not self.dead:
+            if self._options.on_full == "drop_oldest" and len(self._backlog) > 1:
+                # The first frame may be half written: the one after it goes.
+                del self._backlog[1]
+                self._backlog_records -= 1
+                for name in names:
+                    count_loss(self.local_stats[name], "queue_full")
+                return
+            for name in names:
+                stats = self.local_stats[name]
+                stats["waits"] = stats.get("waits", 0) + 1
+            self._cond.wait(0.05)
+
+    # ---- the pusher thread ---------------------------------------------------------------------
+
+    def _push(self) -> None:
+        """Write the backlog as the pipe takes it. The frames go out by ``writev`` as they are:
+        joining or slicing megabytes would hold the GIL the training thread is waiting for."""
+        poller = select.poll()
+        poller.register(self._out, select.POLLOUT)
+        while True:
+            with self._cond:
+                while not self._backlog and not self.dead and not self._ended:
+                    self._cond.wait()
+                if not self._backlog:
+                    return
+                frames: deque[memoryview] = deque(memoryview(f) for f in self._backlog)
+                taken = self._backlog_records
+                self._backlog.clear()
+                self._backlog_records = 0
+                self._pushing = True
+            try:
+                while frames:
+                    poller.poll(100)
+                    try:
+                        written = os.writev(self._out, list(itertools.islice(frames, _IOV_MAX)))
+                    except BlockingIOError:
+                        continue
+                    while written and written >= len(frames[0]):
+                        written -= len(frames.popleft())
+                    if written:
+                        frames[0] = frames[0][written:]
+            except OSError:
+                with self._cond:
+                    self.dead = True
+                    for name in self.names:
+                        count_loss(self.local_stats[name], "delivery_process", taken)
+            with self._cond:
+                self._pushing = False
+                self._cond.notify_all()
+
+    def _drain(self, deadline: Deadline) -> bool:
+        """Wait until the pipe took every frame of the backlog (or the deadline)."""
+        with self._cond:
+            while (self._backlog or self._pushing) and not self.dead and deadline.left() > 0:
+                self._cond.wait(min(0.05, deadline.left()))
+            return not (self._backlog or self._pushing)
+
+    def _write_blocking(self, frame: bytes, deadline: Deadline) -> bool:
+        with self._cond:
+            while (self._backlog or self._pushing) and not self.dead and deadline.left() > 0:
+                self._cond.wait(min(0.05, deadline.left()))
+            if self.dead or self._backlog or self._pushing:
+                return False
+            try:
+                while frame and deadline.left() > 0:
+                    select.select([], [self._out], [], min(0.05, deadline.left()))
+                    with contextlib.suppress(BlockingIOError):
+                        frame = frame[os.write(self._out, frame) :]
+            except OSError:
+                return False
+            return not frame
+
+    # ---- the status reader thread --------------------------------------------------------------
+
+    def _read_status(self) -> None:
+        for line in self._status:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            self._on_status(message)
+        code = self.process.wait() if self.process is not None else None
+        with self._cond:
+            was_ended = self._ended
+            self.dead = True
+            lost = self._backlog_records
+            self._backlog.clear()
+            self._backlog_records = 0
+            for name in self.names:
+                count_loss(self.local_stats[name], "delivery_process", lost)
+            self._cond.notify_all()
+        if not self._events["started"].is_set():
+            self.start_error = self.start_error or f"it exited with code {code} before starting"
+            self._events["started"].set()
+        elif not was_ended or not self._events["finished"].is_set():
+            _log.error(
+                "otel-rl: the delivery process exited (code %s) before the run ended; records "
+                "for %s from now on are lost (counted), what it had spooled waits for otel-rl "
+                "replay", code, ", ".join(self.names),
+            )  # fmt: skip
+        self._events["finished"].set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _on_status(self, message: Mapping[str, Any]) -> None:
+        if "error" in message:
+            self.start_error = str(message["error"])
+            self._events["started"].set()
+        if message.get("started"):
+            self._events["started"].set()
+        for name, stats in (message.get("stats") or {}).items():
+            if name in self.remote_stats:
+                self.remote_stats[name] = {str(k): int(v) for k, v in stats.items()}
+        if "flushed" in message:
+            with self._cond:
+                self._flushed[int(message["flushed"])] = bool(message.get("ok"))
+                self._cond.notify_all()
+        if "finished" in message:
+            self.remote_undelivered = {str(k): int(v) for k, v in message["finished"].items()}
+            self._events["finished"].set()
+
+    # ---- flush and finish ----------------------------------------------------------------------
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until the child's trackers hold every record sent so far (or ``timeout`` s)."""
+        deadline = Deadline(timeout)
+        with self._cond:
+            self._flush_ids += 1
+            flush_id = self._flush_ids
+        if not self._write_blocking(_frame("flush", flush_id, deadline.left()), deadline):
+            return False
+        with self._cond:
+            while flush_id not in self._flushed and not self.dead and deadline.left() > 0:
+                self._cond.wait(min(0.05, deadline.left()))
+            return self._flushed.pop(flush_id, False)
+
+    def finish(self, deadline: Deadline, exit_code: int) -> None:
+        """Tell the child the run ended with ``exit_code``; it delivers what it can by
+        ``deadline`` and closes the trackers. Killed if still there a second later."""
+        with self._cond:
+            if self._ended:
+                first = False
+            else:
+                first, self._ended = True, True
+                self._cond.notify_all()
+        if first and not self.dead:
+            # The records before the end frame go first; what the backlog still holds at the
+            # deadline never reached the child and is counted lost.
+            if self._drain(deadline):
+                self._write_blocking(_frame("end", exit_code, deadline.left()), deadline)
+            with contextlib.suppress(OSError):
+                os.close(self._out)
+        finished = self._events["finished"].wait(max(0.0, deadline.left() + SHUTDOWN_GRACE))
+        if not finished and first:
+            _log.warning(
+                "otel-rl: the delivery process was still closing %s at the deadline "
+                "(export.shutdown_timeout); it was stopped, and what it had not delivered "
+                "waits in the spool for otel-rl replay", ", ".join(self.names),
+            )  # fmt: skip
+            self._kill()
+
+    def _kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.process.send_signal(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(1.0)
+
+    def abandon_after_fork(self) -> None:
+        """In a fork child: close this process's copies of the pipes (the child then sees the
+        end of the records when the training process ends) and forget the parent's process."""
+        if self.process is None:
+            return  # abandoned already (the link is shared by every tracker it delivers)
+        self.dead = self._ended = True
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._backlog.clear()
+        self.process = None
+        # dup2, not close: the status file object closes its descriptor again when collected,
+        # and a closed number may by then belong to another file of the child.
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            for fd in (self._out, self._status.fileno()):
+                with contextlib.suppress(OSError):
+                    os.dup2(null, fd)
+        finally:
+            os.close(null)
+
+
+class ServiceTracker:
+    """A tracker delivered by the delivery process, as the run sees it: its name, counters
+    (updated four times a second by the child) and the verbs a run calls."""
+
+    started = True
+    failure = None
+
+    def __init__(self, link: ServiceLink, name: str) -> None:
+        self.link = link
+        self.name = name
+
+    @property
+    def stats(self) -> dict[str, int]:
+        merged = dict(self.link.remote_stats[self.name])
+        for key, value in self.link.local_stats[self.name].items():
+            merged[key] = merged.get(key, 0) + value
+        merged.setdefault("delivered", 0)
+        return merged
+
+    @property
+    def lost(self) -> dict[str, int]:
+        return losses(self.stats)
+
+    @property
+    def undelivered(self) -> int:
+        """Records left in the spool at the end of the run (known once the run ended)."""
+        return self.link.remote_undelivered.get(self.name, 0)
+
+    @property
+    def pending(self) -> int:
+        """Records the child holds for this tracker, plus those still waiting for the pipe."""
+        return int(self.link.remote_stats[self.name].get("pending", 0)) + self.link.backlog
+
+    def submit(self, record: Any) -> None:
+        self.link.send(record, (self.name,))
+
+    def force_flush(self, timeout_millis: float = 30_000) -> bool:
+        return self.link.flush(timeout_millis / 1000)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.link.finish(Deadline(timeout_millis / 1000), int(kwargs.get("exit_code", 0) or 0))
+
+    def abandon_after_fork(self) -> None:
+        self.link.abandon_after_fork()
+
+
+def links_of(exporters: Iterable[Any]) -> list[ServiceLink]:
+    """The delivery processes behind ``exporters``, each once."""
+    seen: dict[int, ServiceLink] = {}
+    for exporter in exporters:
+        if isinstance(exporter, ServiceTracker):
+            seen.setdefault(id(exporter.link), exporter.link)
+    return list(seen.values())
+

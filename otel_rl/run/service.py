@@ -1,0 +1,139 @@
+"""The delivery process (``export.delivery: process``): the run's trackers, away from training.
+
+Started by :class:`~otel_rl.delivery.service_link.ServiceLink` as
+``python -m otel_rl.run.service <records fd> <status fd>``. It builds the trackers the run's
+config enables, each with its channel and spool as a training process would, feeds them the
+records read from the pipe, reports their counters, and ends the run when told (or, when the
+training process died without telling, once the pipe is empty: closed as killed, exit code 137).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
+
+from otel_rl.core.redaction import compile_patterns
+from otel_rl.delivery.fanout import Fanout
+from otel_rl.delivery.options import ExportOptions
+from otel_rl.delivery.service_link import decode_record_frame
+from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, stop_in_parallel
+from otel_rl.process.lifecycle import KILLED_EXIT_CODE
+from otel_rl.run.trackers import RunTrackers
+
+_STATS_EVERY = 0.25
+_NICENESS = 10
+
+
+def frames(fd: int) -> Iterator[tuple[Any, ...]]:
+    """The messages of the records pipe, until it ends (the training process closed it, or
+    died)."""
+    buffer = bytearray()
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return
+        buffer += chunk
+        start = 0
+        while len(buffer) - start >= 4:
+            size = int.from_bytes(buffer[start : start + 4], "big")
+            if len(buffer) - start - 4 < size:
+                break
+            yield pickle.loads(buffer[start + 4 : start + 4 + size])
+            start += 4 + size
+        del buffer[:start]
+
+
+class Status:
+    """JSON lines to the training process, from any thread."""
+
+    def __init__(self, fd: int) -> None:
+        self._file: IO[str] = os.fdopen(fd, "w", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def send(self, **message: Any) -> None:
+        with self._lock:
+            try:
+                self._file.write(json.dumps(message) + "\n")
+                self._file.flush()
+            except (OSError, ValueError):  # the training process is gone: deliver all the same
+                pass
+
+
+def counters(exporters: Sequence[Any]) -> dict[str, dict[str, int]]:
+    return {e.name: {**e.stats, "pending": e.pending} for e in exporters}
+
+
+def serve(records_fd: int, status: Status) -> int:
+    incoming = frames(records_fd)
+    hello = next(incoming, None)
+    if hello is None or hello[0] != "hello":
+        return 2
+    settings = hello[1]
+    cfg = dict(settings["cfg"])
+    cfg["export"] = {**cfg["export"], "delivery": "thread"}  # the trackers run here
+    os.chdir(settings["cwd"])
+    try:
+        trackers = RunTrackers(
+            cfg, (), run_id=settings["run_id"],
+            options=ExportOptions.from_section(cfg["export"]),
+            redaction=compile_patterns(tuple(cfg["redaction"]["extra_patterns"])),
+        )  # fmt: skip
+        trackers.start()
+    except Exception as exc:
+        status.send(error=str(exc))
+        return 1
+    exporters = trackers.exporters
+    fanout = Fanout(exporters)
+    status.send(started=True)
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(_STATS_EVERY):
+            status.send(stats=counters(exporters))
+
+    threading.Thread(target=report, name="otel-rl-delivery-stats", daemon=True).start()
+    exit_code, seconds = KILLED_EXIT_CODE, float(cfg["export"]["shutdown_timeout"])
+    for message in incoming:
+        if message[0] == "rec":
+            fanout.send(decode_record_frame(message[2]), to=message[1])
+        elif message[0] == "flush":
+            deadline = Deadline(float(message[2]))
+            ok = all(e.force_flush(timeout_millis=deadline.left() * 1000) for e in exporters)
+            status.send(flushed=message[1], ok=ok, stats=counters(exporters))
+        elif message[0] == "end":
+            exit_code, seconds = int(message[1]), float(message[2])
+            break
+    deadline = Deadline(seconds)
+    stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + SHUTDOWN_GRACE / 2)
+    done.set()
+    status.send(stats=counters(exporters),
+                finished={e.name: int(e.undelivered) for e in exporters})  # fmt: skip
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    # The training process ends the run: a terminal's Ctrl-C or a scheduler's SIGTERM to every
+    # process of the job must not cut the delivery short (SIGKILL still does; the spool keeps it).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Background work: on a machine whose cores are all busy, the scheduler lets the training
+    # process go first (the delivery catches up whenever training waits on anything).
+    with contextlib.suppress(OSError):
+        os.nice(_NICENESS)
+    code = serve(int(args[0]), Status(int(args[1])))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Tracker SDKs may leave non-daemon threads: the run is closed, nothing is left to wait for.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""``export.delivery: process``: the trackers built from the config run in a delivery process.
+
+Real trackers (JSONL, TensorBoard read back with its own reader) and the ``faultfile`` tracker
+where a tracker must hang or fail on demand (no real tracker SDK does; see
+``tests/faults/fault_tracker.py``). The delivery process is a real child process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from otel_rl import ConfigError, Logger
+from otel_rl.delivery.spool import holder_of, spool_root
+from testkit.readers import jsonl_rows, tensorboard_scalars
+from tests.faults.fault_tracker import env_with_faultfile, read_rows, set_mode
+
+REPLAY = [sys.executable, "-m", "otel_rl.cli", "replay"]
+
+
+def _cfg(tmp_path: Path, **extra: object) -> dict[str, object]:
+    return {
+        "log_dir": str(tmp_path / "logs"),
+        "jsonl_enabled": True,
+        "export": {"delivery": "process", "fsync_interval": 0.1},
+        **extra,
+    }
+
+
+def _wait_released(spool: Path, timeout: float = 30.0) -> None:
+    """Until the delivery process has let go of the spool (it ended)."""
+    ends = time.monotonic() + timeout
+    while holder_of(spool) is not None:
+        assert time.monotonic() < ends, f"{spool} still held by {holder_of(spool)}"
+        time.sleep(0.05)
+
+
+def test_every_kind_of_record_arrives_with_its_values_and_no_tracker_thread_runs_here(tmp_path):
+    logger = Logger(_cfg(tmp_path, tensorboard_enabled=True))
+    assert [e.name for e in logger.exporters] == ["tensorboard", "jsonl"]
+    names = {t.name for t in threading.enumerate()}
+    assert not any(n.startswith(("otel-rl-jsonl", "otel-rl-tensorboard")) for n in names), names
+    logger.log_hyperparams({"lr": 0.001, "model": {"name": "tiny"}})
+    for step in range(40):
+        logger.log_metrics(
+            {"loss": 1.0 / (step + 1), "odd": float("nan") if step == 7 else float(step),
+             "rewards": [float(step), float(step) + 2.0], "note": f"s{step}"},
+            step=step,
+        )  # fmt: skip
+    assert logger.flush(30)
+    # 40 steps and the hyperparameters, counted by the child, known here after the flush
+    assert {e.name: e.stats["delivered"] for e in logger.exporters} == {
+        "tensorboard": 41, "jsonl": 41
+    }
+    process = logger.exporters[0].link.process
+    logger.finish()
+    assert process is not None and process.wait(10) == 0
+
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(40))
+    for r in rows:
+        step, metrics = r["step"], r["metrics"]
+        assert metrics["loss"] == pytest.approx(1.0 / (step + 1))
+        assert metrics["rewards/mean"] == pytest.approx(step + 1.0)
+        assert metrics["note"] == f"s{step}"
+        assert math.isnan(metrics["odd"]) if step == 7 else metrics["odd"] == float(step)
+    params = (tmp_path / "logs" / "hyperparams.json").read_text()
+    assert '"lr": 0.001' in params and '"model.name": "tiny"' in params
+    scalars = tensorboard_scalars(tmp_path / "logs" / "tensorboard")
+    assert [(s, round(v, 6)) for s, v in scalars["loss"]] == [
+        (s, round(1.0 / (s + 1), 6)) for s in range(40)
+    ]
+
+
+def test_a_killed_training_process_loses_nothing_it_handed_over(tmp_path):
+    """SIGKILL right after the last log_metrics: the delivery process still reads the pipe to
+    its end, writes every step once, and closes the run as killed."""
+    script = textwrap.dedent(f"""
+        import os, signal
+        from otel_rl import Logger
+        logger = Logger({_cfg(tmp_path)!r})
+        for step in range(500):
+            logger.log_metrics({{"loss": step * 0.5}}, step=step, step_finished=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    spools = list((spool_root(tmp_path / "logs") / "jsonl").iterdir())
+    assert len(spools) == 1
+    _wait_released(spools[0])
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [
+        (step, step * 0.5) for step in range(500)
+    ]
+    replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert len(jsonl_rows(tmp_path / "logs" / "metrics.jsonl")) == 500  # nothing twice
+
+
+def test_finish_keeps_its_deadline_when_a_tracker_hangs_there_and_replay_delivers_the_rest(
+    tmp_path,
+):
+    control = tmp_path / "control"
+    set_mode(control, "ok")
+    script = textwrap.dedent(f"""
+        import sys, time
+        from otel_rl import Logger
+        from tests.faults.fault_tracker import set_mode
+        cfg = {_cfg(tmp_path)!r}
+        cfg["jsonl_enabled"] = False
+        cfg["trackers"] = {{"faultfile": {{"path": {str(tmp_path / "rows.jsonl")!r},
+                                           "control": {str(control)!r}}}}}
+        cfg["export"]["shutdown_timeout"] = 2.0
+        logger = Logger(cfg)
+        for step in range(30):
+            if step == 15:
+                set_mode({str(control)!r}, "slow 1000")
+                time.sleep(0.5)
+            logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
+        time.sleep(0.5)
+        began = time.monotonic()
+        logger.finish()
+        print("FINISH", time.monotonic() - began, file=sys.stderr, flush=True)
+    """)
+    env = env_with_faultfile(tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    took = float(done.stderr.split("FINISH ", 1)[1].split()[0])
+    assert took < 2.0 + 1.0, done.stderr
+    assert len(read_rows(tmp_path / "rows.jsonl")) < 30  # the rest waits in the spool
+    set_mode(control, "ok")
+    spool = next((spool_root(tmp_path / "logs") / "faultfile").iterdir())
+    _wait_released(spool)
+    replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"], env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    rows = read_rows(tmp_path / "rows.jsonl")
+    assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(30)]
+
+
+def test_a_run_id_in_use_is_refused_at_logger_with_the_delivery_process_reason(tmp_path):
+    first = Logger(_cfg(tmp_path, run_id="same"))
+    try:
+        with pytest.raises(ConfigError, match="run_id 'same' is already in use"):
+            Logger(_cfg(tmp_path, run_id="same"))
+    finally:
+        first.finish()
+
+
+def test_a_dead_delivery_process_costs_its_records_counted_and_never_the_loop(tmp_path, caplog):
+    logger = Logger(_cfg(tmp_path))
+    for step in range(10):
+        logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
+    assert logger.flush(30)
+    link = logger.exporters[0].link
+    link.process.kill()
+    link.process.wait(10)
+    with caplog.at_level(logging.ERROR, logger="otel_rl"):
+        deadline = time.monotonic() + 10
+        while not link.dead:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        for step in range(10, 60):
+            logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
+    began = time.monotonic()
+    logger.finish()
+    assert time.monotonic() - began < 2.0
+    assert logger.exporters[0].lost == {"delivery_process": 50}
+    assert [r.getMessage() for r in caplog.records if "delivery process exited" in r.getMessage()]
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(10))
+
+
+def test_a_fork_child_neither_delivers_nor_keeps_the_delivery_process_waiting(tmp_path):
+    logger = Logger(_cfg(tmp_path))
+    logger.log_metrics({"loss": 0.0}, step=0, step_finished=True)
+    pid = os.fork()
+    if pid == 0:  # the child: its Logger is disabled; nothing it does reaches the trackers
+        try:
+            logger.log_metrics({"loss": 99.0}, step=99, step_finished=True)
+            logger.finish()
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    for step in range(1, 20):
+        logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
+    process = logger.exporters[0].link.process
+    logger.finish()
+    assert process.wait(10) == 0
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [(s, float(s)) for s in range(20)]
