@@ -10,6 +10,9 @@ the row building, the garbage collector) is the floor our numbers are read again
 collections (generation 2) that ran during each loop are counted with their longest pause
 (``gc.callbacks``), whichever thread ran them.
 
+Each set of trackers runs twice: with ``export.delivery: thread`` (the trackers' threads in the
+training process) and ``process`` (a delivery process fed through a pipe).
+
 ``finish()`` is given 10 s: what a slow tracker has not written by then stays in the spool.
 ``--quick`` uses 300 steps and JSONL alone.
 
@@ -19,6 +22,7 @@ collections (generation 2) that ran during each loop are counted with their long
 from __future__ import annotations
 
 import gc
+import itertools
 import statistics
 import tempfile
 import threading
@@ -135,13 +139,15 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         with tracker_environment(root):
-            for trackers in ("jsonl",) if quick else ("jsonl", "jsonl+tb+mlflow+prom"):
+            sets = ("jsonl",) if quick else ("jsonl", "jsonl+tb+mlflow+prom")
+            for trackers, delivery in itertools.product(sets, ("thread", "process")):
                 base = baseline(steps)
-                mine = ours(root / trackers, steps, trackers)
+                mine = ours(root / f"{trackers}-{delivery}", steps, trackers, delivery)
                 p999 = percentile(mine["costs"], 99.9)
                 worst = max(mine["costs"])
                 rows.append({
                     "trackers": trackers,
+                    "delivery": delivery,
                     "steps": steps,
                     **_summary("ours", mine),
                     **_summary("baseline", base),

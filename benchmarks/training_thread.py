@@ -114,7 +114,11 @@ def timed_loop(
 
 
 def run_ours(
-    log_dir: Path, rows: list[dict[str, float]], tracking_uri: str, pause: float = 0.0
+    log_dir: Path,
+    rows: list[dict[str, float]],
+    tracking_uri: str,
+    pause: float = 0.0,
+    delivery: str = "thread",
 ) -> dict[str, Any]:
     from otel_rl import Logger
 
@@ -128,6 +132,7 @@ def run_ours(
         "wandb_enabled": True,
         "wandb": {"project": "otel-rl-bench", "name": experiment, "mode": "offline",
                   "dir": str(log_dir)},
+        "export": {"delivery": delivery},
     })  # fmt: skip
     logger.log_hyperparams(HYPERPARAMS)
     if not logger.flush(timeout=120):  # every tracker open, as after a real run's set-up
@@ -209,7 +214,13 @@ def run_baseline(
 
 
 def compare(
-    steps: int, keys: int, rounds: int, tracking_uri: str, root: Path, pause: float = 0.0
+    steps: int,
+    keys: int,
+    rounds: int,
+    tracking_uri: str,
+    root: Path,
+    pause: float = 0.0,
+    delivery: str = "thread",
 ) -> dict[str, Any]:
     """Alternate ours and the baseline ``rounds`` times against ``tracking_uri``."""
     rows = make_rows(steps, keys)
@@ -219,13 +230,19 @@ def compare(
         for r in range(rounds):  # alternate so drift hits both sides equally
             first, second = (run_ours, run_baseline) if r % 2 == 0 else (run_baseline, run_ours)
             for fn in (first, second):
-                result = fn(root / f"{fn.__name__}-{pause}-{r}", rows, tracking_uri, pause)
+                where = root / f"{fn.__name__}-{pause}-{delivery}-{r}"
+                result = (
+                    run_ours(where, rows, tracking_uri, pause, delivery)
+                    if fn is run_ours
+                    else run_baseline(where, rows, tracking_uri, pause)
+                )
                 (ours if fn is run_ours else base).append(result)
     o = [c for r in ours for c in r["costs"]]
     b = [c for r in base for c in r["costs"]]
     o_med, b_med = statistics.median(o), statistics.median(b)
     return {
         "loop": f"{pause * 1000:g} ms pause/step" if pause else "back-to-back",
+        "delivery": delivery,
         "steps": steps,
         "keys": keys,
         "rounds": rounds,
@@ -269,6 +286,7 @@ def run(
         uri, store = tracking_store(quick, Path(tmp))
         results = [compare(steps, 100, rounds, uri, Path(tmp))]
         if not quick:
+            results.append(compare(steps, 100, 1, uri, Path(tmp), delivery="process"))
             results.append(compare(PACED_STEPS, 100, 1, uri, Path(tmp), pause=PAUSE_S))
     return [{"mlflow": store, **result} for result in results]
 
