@@ -39,6 +39,7 @@ import subprocess
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from otel_rl.core.errors import ConfigError
@@ -120,6 +121,8 @@ class ServiceLink:
         self.start_error: str | None = None
         self.remote_stats: dict[str, dict[str, int]] = {name: {} for name in self.names}
         self.remote_undelivered: dict[str, int] = {}
+        #: Each tracker's spool folder in the child (None: no spool), known once it started.
+        self.spool_dirs: dict[str, Path | None] = {}
         #: Records this process could not hand to the child, by tracker and reason.
         self.local_stats: dict[str, dict[str, int]] = {name: {} for name in self.names}
 
@@ -305,6 +308,10 @@ class ServiceLink:
             self.start_error = str(message["error"])
             self._events["started"].set()
         if message.get("started"):
+            self.spool_dirs = {
+                str(name): None if folder is None else Path(folder)
+                for name, folder in (message.get("spools") or {}).items()
+            }
             self._events["started"].set()
         for name, stats in (message.get("stats") or {}).items():
             if name in self.remote_stats:
@@ -407,6 +414,11 @@ class ServiceTracker:
     @property
     def lost(self) -> dict[str, int]:
         return losses(self.stats)
+
+    @property
+    def spool_dir(self) -> Path | None:
+        """The tracker's spool folder (the run's checkpoints of a pending step go there too)."""
+        return self.link.spool_dirs.get(self.name)
 
     @property
     def undelivered(self) -> int:

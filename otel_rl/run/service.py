@@ -91,7 +91,9 @@ def serve(records_fd: int, status: Status) -> int:
         return 1
     exporters = trackers.exporters
     fanout = Fanout(exporters)
-    status.send(started=True)
+    status.send(started=True, spools={
+        e.name: None if e.spool_dir is None else str(e.spool_dir) for e in exporters
+    })  # fmt: skip
     done = threading.Event()
 
     def report() -> None:

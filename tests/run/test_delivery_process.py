@@ -84,13 +84,16 @@ def test_every_kind_of_record_arrives_with_its_values_and_no_tracker_thread_runs
 
 def test_a_killed_training_process_loses_nothing_it_handed_over(tmp_path):
     """SIGKILL right after the last log_metrics: the delivery process still reads the pipe to
-    its end, writes every step once, and closes the run as killed."""
+    its end, writes every step once, and closes the run as killed; the step still being logged
+    was checkpointed to its spool, and replay delivers it."""
     script = textwrap.dedent(f"""
-        import os, signal
+        import os, signal, time
         from otel_rl import Logger
         logger = Logger({_cfg(tmp_path)!r})
         for step in range(500):
             logger.log_metrics({{"loss": step * 0.5}}, step=step, step_finished=True)
+        logger.log_metrics({{"loss": 250.0}}, step=500)  # never finished: checkpointed only
+        time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -106,7 +109,10 @@ def test_a_killed_training_process_loses_nothing_it_handed_over(tmp_path):
     replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert replay.returncode == 0, replay.stdout + replay.stderr
-    assert len(jsonl_rows(tmp_path / "logs" / "metrics.jsonl")) == 500  # nothing twice
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")  # the pending step, nothing twice
+    assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [
+        (step, step * 0.5) for step in range(501)
+    ]
 
 
 def test_finish_keeps_its_deadline_when_a_tracker_hangs_there_and_replay_delivers_the_rest(
