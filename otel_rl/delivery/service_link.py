@@ -37,13 +37,14 @@ import select
 import signal
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from otel_rl.core.errors import ConfigError
-from otel_rl.core.failures import count_loss, losses
+from otel_rl.core.failures import LOSS_REASONS, count_loss, losses
 from otel_rl.core.records import Record, StepBatch
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
@@ -97,6 +98,8 @@ class ServiceLink:
         names: Sequence[str],
         settings: Mapping[str, Any],
         options: ExportOptions,
+        *,
+        spooled: bool = True,
     ) -> None:
         self._argv = list(argv)
         self.names = list(names)
@@ -108,9 +111,14 @@ class ServiceLink:
         self._status: Any = None  # the read end of the status pipe
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._backlog: deque[bytes] = deque()  # frames the pipe has not taken yet
+        # Frames the pipe has not taken yet: (frame, trackers, when it was sent).
+        self._backlog: deque[tuple[bytes, Sequence[str], float]] = deque()
         self._backlog_records = 0
         self._pushing = False
+        self._pushing_since = 0.0  # when the oldest frame the pusher holds was sent
+        # The crash promise of a spool (nothing older than fsync_interval lost to a kill) holds
+        # for frames this process still holds, too: past half of it, the caller waits.
+        self._lag_limit = options.fsync_interval / 2 if spooled else None
         self.dead = False
         self._ended = False
         self._events: dict[str, threading.Event] = {
@@ -170,15 +178,13 @@ class ServiceLink:
         try:
             frame = _record_frame(None if len(names) == len(self.names) else tuple(names), record)
         except Exception as exc:  # cannot be pickled: costs only this record
-            for name in names:
-                count_loss(self.local_stats[name], "refused")
+            self._count("refused", names)
             _log.warning("otel-rl: a record cannot reach the delivery process (%s: %s); "
                          "it is dropped", type(exc).__name__, exc)  # fmt: skip
             return
         with self._cond:
             if self.dead or self._ended:
-                for name in names:
-                    count_loss(self.local_stats[name], "delivery_process")
+                self._count("delivery_process", names)
                 return
             if not self._backlog and not self._pushing:
                 try:
@@ -186,30 +192,49 @@ class ServiceLink:
                 except BlockingIOError:
                     written = 0
                 except OSError:  # the child is gone: the status reader says so once
-                    for name in names:
-                        count_loss(self.local_stats[name], "delivery_process")
+                    self._count("delivery_process", names)
                     return
                 if written == len(frame):
                     return
                 frame = frame[written:]
-            self._make_room_locked(names)
-            self._backlog.append(frame)
+            self._make_room_locked()
+            # A tuple of strings, unlike a list, is soon untracked by the garbage collector.
+            self._backlog.append((frame, tuple(names), time.monotonic()))
             self._backlog_records += 1
             self._cond.notify_all()
 
-    def _make_room_locked(self, names: Sequence[str]) -> None:
-        while self._backlog_records >= self._options.queue_size and not self.dead:
-            if self._options.on_full == "drop_oldest" and len(self._backlog) > 1:
-                # The first frame may be half written: the one after it goes.
-                del self._backlog[1]
-                self._backlog_records -= 1
-                for name in names:
-                    count_loss(self.local_stats[name], "queue_full")
+    def _make_room_locked(self) -> None:
+        """Before a frame joins the backlog: under ``export.queue_size`` frames, none older than
+        half ``fsync_interval`` (``drop_oldest`` drops instead of waiting for room)."""
+        while not self.dead:
+            if self._backlog_records >= self._options.queue_size:
+                if self._options.on_full == "drop_oldest" and len(self._backlog) > 1:
+                    # The first frame may be half written already: the one after it goes.
+                    _, dropped, _ = self._backlog[1]
+                    del self._backlog[1]
+                    self._backlog_records -= 1
+                    self._count("queue_full", dropped)
+                    return
+                self._count("waits", self.names)
+            elif self._lag_limit is not None and self._oldest_age_locked() > self._lag_limit:
+                self._count("spool_waits", self.names)
+            else:
                 return
-            for name in names:
-                stats = self.local_stats[name]
-                stats["waits"] = stats.get("waits", 0) + 1
             self._cond.wait(0.05)
+
+    def _oldest_age_locked(self) -> float:
+        oldest = self._backlog[0][2] if self._backlog else float("inf")
+        if self._pushing:
+            oldest = min(oldest, self._pushing_since)
+        return time.monotonic() - oldest
+
+    def _count(self, what: str, names: Iterable[str], n: int = 1) -> None:
+        for name in names:
+            stats = self.local_stats[name]
+            if what in LOSS_REASONS:
+                count_loss(stats, what, n)
+            else:
+                stats[what] = stats.get(what, 0) + n
 
     # ---- the pusher thread ---------------------------------------------------------------------
 
@@ -224,8 +249,9 @@ class ServiceLink:
                     self._cond.wait()
                 if not self._backlog:
                     return
-                frames: deque[memoryview] = deque(memoryview(f) for f in self._backlog)
-                taken = self._backlog_records
+                frames = deque(memoryview(frame) for frame, _, _ in self._backlog)
+                taken = [names for _, names, _ in self._backlog]
+                self._pushing_since = self._backlog[0][2]
                 self._backlog.clear()
                 self._backlog_records = 0
                 self._pushing = True
@@ -243,8 +269,8 @@ class ServiceLink:
             except OSError:
                 with self._cond:
                     self.dead = True
-                    for name in self.names:
-                        count_loss(self.local_stats[name], "delivery_process", taken)
+                    for names in taken[len(taken) - len(frames) :]:
+                        self._count("delivery_process", names)
             with self._cond:
                 self._pushing = False
                 self._cond.notify_all()
@@ -284,11 +310,10 @@ class ServiceLink:
         with self._cond:
             was_ended = self._ended
             self.dead = True
-            lost = self._backlog_records
+            for _, names, _ in self._backlog:
+                self._count("delivery_process", names)
             self._backlog.clear()
             self._backlog_records = 0
-            for name in self.names:
-                count_loss(self.local_stats[name], "delivery_process", lost)
             self._cond.notify_all()
         if not self._events["started"].is_set():
             self.start_error = self.start_error or f"it exited with code {code} before starting"

@@ -54,6 +54,7 @@ class RunTrackers:
                 [cls.name for cls in classes],
                 {"cfg": dict(cfg), "run_id": run_id, "cwd": os.getcwd()},
                 options,
+                spooled=bool(cfg["export"]["spool"]),
             )
             self.exporters: list[Any] = list(self.link.trackers)
         else:

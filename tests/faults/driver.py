@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.cli.replay import BUSY_EXIT_CODE
+from otel_rl.delivery.spool import holder_of, spool_root
 from tests.faults import delivered as readers
 from tests.faults.fault_tracker import install_entry_point, set_mode
 from tests.faults.invariant import Counts, Finding, check
@@ -130,6 +131,7 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
         fsync_interval=h.fsync_interval,
         shutdown_timeout=h.shutdown_timeout,
         faultfile={"path": str(rows), "control": str(control)},
+        delivery=plan.delivery,
         mlflow=(
             {"tracking_uri": h.mlflow.url, "experiment_name": experiment}
             if plan.mlflow
@@ -205,6 +207,14 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
         if child.poll() is None:
             child.kill()
             child.wait(30)
+
+    if plan.delivery == "process":
+        # The delivery process outlives a killed training process: it delivers what the pipe
+        # held, closes the run, then lets go of the spools (never later than the timeout).
+        held = _wait_spools_released(log_dir, h.shutdown_timeout + 15)
+        if held:
+            findings.append(Finding("delivery", "release", [], f"still held: {held}"))
+        notes.append("the delivery process let go of the spools")
 
     # The outage ends (or the server comes back) before the replay.
     set_mode(control, "slow 0.003" if plan.replay_slow else "ok")
@@ -284,6 +294,20 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
                            refused, sum(len(v) for v in damaged.values()))  # fmt: skip
 
 
+def _wait_spools_released(log_dir: Path, timeout: float) -> list[str]:
+    """The spools still held by someone after ``timeout`` seconds (none, normally)."""
+    ends = time.monotonic() + timeout
+    while True:
+        held = [
+            f"{lock.parent}: {holder}"
+            for lock in spool_root(log_dir).glob("*/*/lock")
+            if (holder := holder_of(lock.parent)) is not None
+        ]
+        if not held or time.monotonic() > ends:
+            return held
+        time.sleep(0.1)
+
+
 def _replay_under_the_run(h: Harness, log_dir: Path, work: Path) -> tuple[int, str]:
     """A replay started while the training run lives: it must leave the run's spools alone."""
     done = subprocess.run(
@@ -336,6 +360,7 @@ class RunSummary:
     refused_during_run: int = 0  # ... that left the spools alone (in use)
     damaged_spools: int = 0  # iterations with spool bytes overwritten before the replay
     damaged_steps: int = 0  # steps whose spool lines were damaged (may be lost, never doubled)
+    delivery_process: int = 0  # iterations whose trackers ran in the delivery process
     per_tracker: dict[str, Counts] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)  # one line per iteration
@@ -357,6 +382,7 @@ class RunSummary:
         self.refused_during_run += result.refused_during_run
         self.damaged_spools += plan.corrupt is not None
         self.damaged_steps += result.damaged_steps
+        self.delivery_process += plan.delivery == "process"
         for tracker, counts in result.counts.items():
             self.per_tracker.setdefault(tracker, Counts())
             self.per_tracker[tracker] += counts
@@ -385,6 +411,7 @@ class RunSummary:
             "refused_during_run": self.refused_during_run,
             "damaged_spools": self.damaged_spools,
             "damaged_steps": self.damaged_steps,
+            "delivery_process": self.delivery_process,
             "rows_expected": self.total.expected,
             "rows_delivered": self.total.delivered,
             "expected_rows_delivered": self.total.expected_delivered,

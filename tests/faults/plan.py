@@ -53,6 +53,7 @@ class ChildPlan:
     faultfile: dict[str, str] | None = None  # {"path", "control"} of the test tracker
     mlflow: dict[str, str] | None = None  # {"tracking_uri", "experiment_name"}
     max_seconds: float = 60.0  # a child nobody kills ends on its own
+    delivery: str = "thread"  # export.delivery: the trackers in threads or a delivery process
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -70,6 +71,7 @@ class ChildPlan:
                 "fsync_interval": self.fsync_interval,
                 "shutdown_timeout": self.shutdown_timeout,
                 "retry_max_backoff": 0.2,
+                "delivery": self.delivery,
             },
         }
         if self.faultfile is not None:
@@ -106,6 +108,7 @@ class IterationPlan:
     concurrent_replays: bool = False
     replay_during_run: bool = False
     corrupt: str | None = None
+    delivery: str = "thread"  # "process": the trackers run in the delivery process
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -126,6 +129,8 @@ class IterationPlan:
                                       ("replay during the run", self.replay_during_run)) if on]
         if self.corrupt:
             seat.append(f"{self.corrupt} spool damaged")
+        if self.delivery != "thread":
+            seat.append(f"delivery {self.delivery}")
         operator = f", {', '.join(seat)}" if seat else ""
         return (
             f"seed={self.seed} kill={self.kill_point}/{self.signal}@{self.kill_delay:.3f}s "
@@ -176,4 +181,6 @@ def make_plan(
         corrupt=(
             rng.choice(["jsonl", "tensorboard", "faultfile"]) if rng.random() < 0.25 else None
         ),
+        # Drawn last: the plans of a seed drawn before this dimension existed stay the same.
+        delivery="process" if rng.random() < 0.3 else "thread",
     )
