@@ -72,7 +72,7 @@ class Run:
         try:
             self.trackers.start()
         except BaseException:
-            self.pipeline.shutdown(timeout_millis=1000)
+            self.pipeline.shutdown(timeout=1.0)
             raise
         self.fanout = Fanout(self.exporters)
         otlp = cfg["otlp"] if cfg["otlp"]["enabled"] else None
@@ -159,7 +159,7 @@ class Run:
         otel = start_stopping([
             # Never a zero timeout, which the SDK reports as an error: the thread is left behind
             # at the deadline all the same.
-            ("OTel pipeline", lambda: self.pipeline.shutdown(max(deadline.left(), 0.1) * 1000)),
+            ("OTel pipeline", lambda: self.pipeline.shutdown(max(deadline.left(), 0.1))),
             ("tracing", self._close_tracing),
         ])  # fmt: skip
         # The grace second lets a tracker that gave up at the deadline close its client.

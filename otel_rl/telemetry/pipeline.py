@@ -157,8 +157,9 @@ class Pipeline:
             except Exception as exc:
                 _log.warning("otel-rl: closing an output: %s", exc)
 
-    def shutdown(self, timeout_millis: float) -> None:
-        """Shut both providers down (final OTLP export within its timeout), then the server.
+    def shutdown(self, timeout: float) -> None:
+        """Shut both providers down within ``timeout`` seconds (a final OTLP export each), then
+        the server; the milliseconds of OTel's own API stay at its boundary.
 
         The providers shut down in parallel: each makes a final OTLP export, and against a
         collector that is down each takes the whole OTLP timeout; one after the other would
@@ -166,13 +167,13 @@ class Pipeline:
         """
         threads = [
             threading.Thread(
-                target=_shutdown_provider, args=(provider, timeout_millis), daemon=True
+                target=_shutdown_provider, args=(provider, timeout * 1000), daemon=True
             )
             for provider in (self.provider, self.side_provider)
         ]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + timeout_millis / 1000 + 0.5
+        deadline = time.monotonic() + timeout + 0.5
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._close_outputs()
