@@ -208,10 +208,12 @@ class ServiceLink:
         half ``fsync_interval`` (``drop_oldest`` drops instead of waiting for room)."""
         while not self.dead:
             if self._backlog_records >= self._options.queue_size:
-                if self._options.on_full == "drop_oldest" and len(self._backlog) > 1:
-                    # The first frame may be half written already: the one after it goes.
-                    _, dropped, _ = self._backlog[1]
-                    del self._backlog[1]
+                # The first frame may be half written already: the oldest record after it goes.
+                oldest = next((i for i, (_, names, _) in enumerate(self._backlog)
+                               if i and names), None)  # fmt: skip
+                if self._options.on_full == "drop_oldest" and oldest is not None:
+                    _, dropped, _ = self._backlog[oldest]
+                    del self._backlog[oldest]
                     self._backlog_records -= 1
                     self._count("queue_full", dropped)
                     return
@@ -247,7 +249,7 @@ class ServiceLink:
             with self._cond:
                 while not self._backlog and not self.dead and not self._ended:
                     self._cond.wait()
-                if not self._backlog:
+                if not self._backlog or self.dead:
                     return
                 frames = deque(memoryview(frame) for frame, _, _ in self._backlog)
                 taken = [names for _, names, _ in self._backlog]
@@ -256,7 +258,7 @@ class ServiceLink:
                 self._backlog_records = 0
                 self._pushing = True
             try:
-                while frames:
+                while frames and not self.dead:
                     poller.poll(100)
                     try:
                         written = os.writev(self._out, list(itertools.islice(frames, _IOV_MAX)))
@@ -269,33 +271,24 @@ class ServiceLink:
             except OSError:
                 with self._cond:
                     self.dead = True
+            with self._cond:
+                if frames:  # the child is gone, or the run ended before it took them
                     for names in taken[len(taken) - len(frames) :]:
                         self._count("delivery_process", names)
-            with self._cond:
                 self._pushing = False
                 self._cond.notify_all()
 
-    def _drain(self, deadline: Deadline) -> bool:
-        """Wait until the pipe took every frame of the backlog (or the deadline)."""
+    def _send_control(self, frame: bytes, deadline: Deadline) -> bool:
+        """Send a control frame after every record sent before it; True once the pipe took it
+        (the pusher writes it: one writer, so frames never interleave)."""
         with self._cond:
+            if self.dead:
+                return False
+            self._backlog.append((frame, (), time.monotonic()))
+            self._cond.notify_all()
             while (self._backlog or self._pushing) and not self.dead and deadline.left() > 0:
                 self._cond.wait(min(0.05, deadline.left()))
-            return not (self._backlog or self._pushing)
-
-    def _write_blocking(self, frame: bytes, deadline: Deadline) -> bool:
-        with self._cond:
-            while (self._backlog or self._pushing) and not self.dead and deadline.left() > 0:
-                self._cond.wait(min(0.05, deadline.left()))
-            if self.dead or self._backlog or self._pushing:
-                return False
-            try:
-                while frame and deadline.left() > 0:
-                    select.select([], [self._out], [], min(0.05, deadline.left()))
-                    with contextlib.suppress(BlockingIOError):
-                        frame = frame[os.write(self._out, frame) :]
-            except OSError:
-                return False
-            return not frame
+            return not (self._backlog or self._pushing or self.dead)
 
     # ---- the status reader thread --------------------------------------------------------------
 
@@ -357,7 +350,7 @@ class ServiceLink:
         with self._cond:
             self._flush_ids += 1
             flush_id = self._flush_ids
-        if not self._write_blocking(_frame("flush", flush_id, deadline.left()), deadline):
+        if not self._send_control(_frame("flush", flush_id, deadline.left()), deadline):
             return False
         with self._cond:
             while flush_id not in self._flushed and not self.dead and deadline.left() > 0:
@@ -374,10 +367,19 @@ class ServiceLink:
                 first, self._ended = True, True
                 self._cond.notify_all()
         if first and not self.dead:
-            # The records before the end frame go first; what the backlog still holds at the
-            # deadline never reached the child and is counted lost.
-            if self._drain(deadline):
-                self._write_blocking(_frame("end", exit_code, deadline.left()), deadline)
+            # The records go first. What this process still holds at the deadline never reached
+            # the child: counted lost; the child, without the end frame, closes the run as
+            # killed once it has read the rest.
+            self._send_control(_frame("end", exit_code, deadline.left()), deadline)
+            with self._cond:
+                self.dead = True  # the pusher stops within its poll: then the pipe can close
+                for _, names, _ in self._backlog:
+                    self._count("delivery_process", names)
+                self._backlog.clear()
+                self._backlog_records = 0
+                self._cond.notify_all()
+                while self._pushing:
+                    self._cond.wait(0.05)
             with contextlib.suppress(OSError):
                 os.close(self._out)
         finished = self._events["finished"].wait(max(0.0, deadline.left() + SHUTDOWN_GRACE))

@@ -208,3 +208,21 @@ def test_a_fork_child_neither_delivers_nor_keeps_the_delivery_process_waiting(tm
     assert process.wait(10) == 0
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [(s, float(s)) for s in range(20)]
+
+
+def test_records_larger_than_the_pipe_arrive_whole_and_in_order(tmp_path):
+    """Frames of 3 MiB (three times the pipe) are written in pieces by the pusher thread, with
+    small records queued behind them: every byte arrives, in step order."""
+    logger = Logger(_cfg(tmp_path))
+    for step in range(12):
+        text = chr(ord("a") + step) * (3 << 20) if step % 3 == 0 else f"small {step}"
+        logger.log_metrics({"text": text, "x": float(step)}, step=step, step_finished=True)
+    assert logger.flush(60)
+    logger.finish()
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(12))
+    for r in rows:
+        step, text = r["step"], r["metrics"]["text"]
+        assert r["metrics"]["x"] == float(step)
+        assert text == (chr(ord("a") + step) * (3 << 20) if step % 3 == 0 else f"small {step}")
+    assert logger.exporters[0].lost == {}
