@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import itertools
 import json
 import os
@@ -44,9 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.core.errors import ConfigError
-from otel_rl.core.failures import LOSS_REASONS, count_loss, losses
+from otel_rl.core.failures import LOSS_REASONS, count_loss, describe_losses, losses
 from otel_rl.core.records import Record, StepBatch
 from otel_rl.delivery.options import ExportOptions
+from otel_rl.delivery.worker import COUNTERS
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 
@@ -57,29 +59,49 @@ _PIPE_SIZE = 1 << 20
 _IOV_MAX = 512  # buffers per writev (Linux allows 1024)
 
 
-def _record_frame(names: Sequence[str] | None, record: Any) -> bytes:
-    """One record as a frame. A step travels as its rows (computed here, once for every
-    tracker); other kinds as their spool encoding, which the child decodes the same way."""
+class _PlainPickler(pickle.Pickler):
+    """Pickles values of the caller's own classes as the built-in values they are (a ``str``
+    enum as its text, an ``int`` subclass as an int), and other objects of the training script
+    as their ``str()``: the delivery process cannot import the script's classes."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        for base in (int, float, str, bytes):
+            if isinstance(obj, base) and type(obj) is not base:
+                value: Any = obj
+                return base, (str.__str__(value) if base is str else base(value),)
+        if type(obj).__module__ == "__main__" and not isinstance(obj, type):
+            return str, (str(obj),)
+        return NotImplemented
+
+
+def _pickled_record(record: Any) -> bytes:
+    """A step as its rows (computed here, once for every tracker); other kinds as their spool
+    encoding, which the child decodes the same way."""
     if type(record) is StepBatch:
-        body: tuple[Any, ...] = (
+        fields: tuple[Any, ...] = (
             "step", record.step, record.time, record.axis, dict(record.step_metrics),
             record.rows, record.seal, record.provisional,
         )  # fmt: skip
     elif isinstance(record, Record):
-        body = ("kind", record.kind, record.encode())
+        fields = ("kind", record.kind, record.encode())
     else:
         raise TypeError(f"a {type(record).__name__} is no record kind the delivery process knows")
-    payload = pickle.dumps(("rec", names, body), pickle.HIGHEST_PROTOCOL)
-    return len(payload).to_bytes(4, "big") + payload
+    body = pickle.dumps(fields, pickle.HIGHEST_PROTOCOL)
+    if b"__main__" in body:  # rare: a class of the training script, which the child lacks
+        buffer = io.BytesIO()
+        _PlainPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(fields)
+        body = buffer.getvalue()
+    return body
 
 
-def decode_record_frame(body: tuple[Any, ...]) -> Record:
-    """The child's side of :func:`_record_frame`."""
-    if body[0] == "step":
-        _, step, at, axis, step_metrics, rows, seal, provisional = body
+def decode_record_frame(body: bytes) -> Record:
+    """The child's side of :func:`_pickled_record`."""
+    fields = pickle.loads(body)
+    if fields[0] == "step":
+        _, step, at, axis, step_metrics, rows, seal, provisional = fields
         return StepBatch(step=step, values=rows, time=at, axis=axis, step_metrics=step_metrics,
                          seal=seal, provisional=provisional)  # fmt: skip
-    _, kind, encoded = body
+    _, kind, encoded = fields
     return Record.kinds[kind].decode(encoded)
 
 
@@ -119,6 +141,11 @@ class ServiceLink:
         # The crash promise of a spool (nothing older than fsync_interval lost to a kill) holds
         # for frames this process still holds, too: past half of it, the caller waits.
         self._lag_limit = options.fsync_interval / 2 if spooled else None
+        self._patience = max(1.0, 2 * options.fsync_interval)
+        self._unresponsive = False
+        #: Records written whole to the pipe, by tracker (checkpoints not counted).
+        self._sent: dict[str, int] = dict.fromkeys(self.names, 0)
+        self._killed = False
         self.dead = False
         self._ended = False
         self._events: dict[str, threading.Event] = {
@@ -176,7 +203,8 @@ class ServiceLink:
         """Hand ``record`` to the child for ``names``; never blocks on the child, except when
         ``export.queue_size`` records wait already and ``export.on_full`` is not drop_oldest."""
         try:
-            frame = _record_frame(None if len(names) == len(self.names) else tuple(names), record)
+            to = None if len(names) == len(self.names) else tuple(names)
+            frame = _frame("rec", to, _pickled_record(record))
         except Exception as exc:  # cannot be pickled: costs only this record
             self._count("refused", names)
             _log.warning("otel-rl: a record cannot reach the delivery process (%s: %s); "
@@ -195,34 +223,63 @@ class ServiceLink:
                     self._count("delivery_process", names)
                     return
                 if written == len(frame):
+                    self._note_sent(record, names)
                     return
                 frame = frame[written:]
             self._make_room_locked()
+            # Checkpoints of a pending step are no records of their own: never counted.
             # A tuple of strings, unlike a list, is soon untracked by the garbage collector.
-            self._backlog.append((frame, tuple(names), time.monotonic()))
-            self._backlog_records += 1
+            counted = () if type(record) is StepBatch and record.provisional else tuple(names)
+            self._backlog.append((frame, counted, time.monotonic()))
+            self._backlog_records += bool(counted)
             self._cond.notify_all()
 
+    def _note_sent(self, record: Any, names: Iterable[str]) -> None:
+        if not (type(record) is StepBatch and record.provisional):
+            for name in names:
+                self._sent[name] += 1
+
     def _make_room_locked(self) -> None:
-        """Before a frame joins the backlog: under ``export.queue_size`` frames, none older than
-        half ``fsync_interval`` (``drop_oldest`` drops instead of waiting for room)."""
+        """Before a frame joins the backlog: under ``export.queue_size`` records, none older than
+        half ``fsync_interval`` (``drop_oldest`` drops instead of waiting for room). A delivery
+        process that reads nothing for ``_patience`` seconds is given up on: the caller no longer
+        waits for it (one warning), and a full backlog drops its oldest record, counted."""
+        began = time.monotonic()
+        counted = False
         while not self.dead:
-            if self._backlog_records >= self._options.queue_size:
-                # The first frame may be half written already: the oldest record after it goes.
-                oldest = next((i for i, (_, names, _) in enumerate(self._backlog)
-                               if i and names), None)  # fmt: skip
-                if self._options.on_full == "drop_oldest" and oldest is not None:
-                    _, dropped, _ = self._backlog[oldest]
-                    del self._backlog[oldest]
-                    self._backlog_records -= 1
-                    self._count("queue_full", dropped)
-                    return
-                self._count("waits", self.names)
-            elif self._lag_limit is not None and self._oldest_age_locked() > self._lag_limit:
-                self._count("spool_waits", self.names)
-            else:
+            full = self._backlog_records >= self._options.queue_size
+            lagging = (
+                self._lag_limit is not None
+                and not self._unresponsive
+                and self._oldest_age_locked() > self._lag_limit
+            )
+            if not full and not lagging:
                 return
+            gives_up = self._unresponsive and self._options.on_full != "block"
+            if full and (self._options.on_full == "drop_oldest" or gives_up):
+                self._drop_oldest_locked()
+                return
+            if not counted:
+                counted = True
+                self._count("waits" if full else "spool_waits", self.names)
+            if time.monotonic() - began > self._patience and not self._unresponsive:
+                self._unresponsive = True
+                _log.warning(
+                    "otel-rl: the delivery process has read nothing for %.1f s; log_metrics no "
+                    "longer waits for it: up to export.queue_size records wait here, older ones "
+                    "are dropped and counted (queue_full)", self._patience,
+                )  # fmt: skip
+                continue
             self._cond.wait(0.05)
+
+    def _drop_oldest_locked(self) -> None:
+        # The first frame may be half written already: the oldest record after it goes.
+        oldest = next((i for i, (_, names, _) in enumerate(self._backlog) if i and names), None)
+        if oldest is not None:
+            _, dropped, _ = self._backlog[oldest]
+            del self._backlog[oldest]
+            self._backlog_records -= 1
+            self._count("queue_full", dropped)
 
     def _oldest_age_locked(self) -> float:
         oldest = self._backlog[0][2] if self._backlog else float("inf")
@@ -253,6 +310,7 @@ class ServiceLink:
                     return
                 frames = deque(memoryview(frame) for frame, _, _ in self._backlog)
                 taken = [names for _, names, _ in self._backlog]
+                pushed = 0
                 self._pushing_since = self._backlog[0][2]
                 self._backlog.clear()
                 self._backlog_records = 0
@@ -266,15 +324,22 @@ class ServiceLink:
                         continue
                     while written and written >= len(frames[0]):
                         written -= len(frames.popleft())
+                        pushed += 1
                     if written:
                         frames[0] = frames[0][written:]
             except OSError:
                 with self._cond:
                     self.dead = True
             with self._cond:
+                for names in taken[:pushed]:
+                    for name in names:
+                        self._sent[name] += 1
                 if frames:  # the child is gone, or the run ended before it took them
-                    for names in taken[len(taken) - len(frames) :]:
+                    for names in taken[pushed:]:
                         self._count("delivery_process", names)
+                elif self._unresponsive:
+                    self._unresponsive = False
+                    _log.warning("otel-rl: the delivery process reads again")
                 self._pushing = False
                 self._cond.notify_all()
 
@@ -311,7 +376,7 @@ class ServiceLink:
         if not self._events["started"].is_set():
             self.start_error = self.start_error or f"it exited with code {code} before starting"
             self._events["started"].set()
-        elif not was_ended or not self._events["finished"].is_set():
+        elif not self._killed and (not was_ended or not self._events["finished"].is_set()):
             _log.error(
                 "otel-rl: the delivery process exited (code %s) before the run ended; records "
                 "for %s from now on are lost (counted), what it had spooled waits for otel-rl "
@@ -348,6 +413,8 @@ class ServiceLink:
         """Wait until the child's trackers hold every record sent so far (or ``timeout`` s)."""
         deadline = Deadline(timeout)
         with self._cond:
+            if self._ended and self._events["finished"].is_set() and not self._killed:
+                return True  # the run ended and the child closed the trackers: nothing waits
             self._flush_ids += 1
             flush_id = self._flush_ids
         if not self._send_control(_frame("flush", flush_id, deadline.left()), deadline):
@@ -382,21 +449,40 @@ class ServiceLink:
                     self._cond.wait(0.05)
             with contextlib.suppress(OSError):
                 os.close(self._out)
-        finished = self._events["finished"].wait(max(0.0, deadline.left() + SHUTDOWN_GRACE))
-        if not finished and first:
+        # The child gives up at the deadline plus half the grace second; what is left of it
+        # here is for stopping a child that did not, and counting what it never read.
+        finished = self._events["finished"].wait(deadline.left() + 0.75 * SHUTDOWN_GRACE)
+        if not first:
+            return
+        if not finished and self.process is not None and self.process.poll() is None:
+            self._killed = True
+            self._kill()
+            # What the pipe still held never reached a spool: lost (counted from the child's
+            # last report, a quarter second old at most, so never fewer than were lost).
+            for name in self.names:
+                received = self.remote_stats[name].get("submitted", 0)
+                self._count("delivery_process", (name,), max(0, self._sent[name] - received))
             _log.warning(
                 "otel-rl: the delivery process was still closing %s at the deadline "
-                "(export.shutdown_timeout); it was stopped, and what it had not delivered "
-                "waits in the spool for otel-rl replay", ", ".join(self.names),
+                "(export.shutdown_timeout); it was stopped: what it had spooled waits for "
+                "otel-rl replay, what it had not read yet is lost (counted)",
+                ", ".join(self.names),
             )  # fmt: skip
-            self._kill()
+        for name in self.names:
+            lost = losses(self.local_stats[name])
+            if lost:
+                _log.warning(
+                    "otel-rl: %s: %d record(s) lost for good in the training process, before "
+                    "the delivery process had them: %s (docs/reliability.md, Losses)",
+                    name, sum(lost.values()), describe_losses(lost),
+                )  # fmt: skip
 
     def _kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(OSError):
                 self.process.send_signal(signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(1.0)
+                self.process.wait(0.2)
 
     def abandon_after_fork(self) -> None:
         """In a fork child: close this process's copies of the pipes (the child then sees the
@@ -432,10 +518,11 @@ class ServiceTracker:
 
     @property
     def stats(self) -> dict[str, int]:
-        merged = dict(self.link.remote_stats[self.name])
+        """The child's counters (as last reported) plus what was lost or waited for here."""
+        merged = dict.fromkeys(COUNTERS, 0)
+        merged.update(self.link.remote_stats[self.name])
         for key, value in self.link.local_stats[self.name].items():
             merged[key] = merged.get(key, 0) + value
-        merged.setdefault("delivered", 0)
         return merged
 
     @property

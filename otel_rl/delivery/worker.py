@@ -33,7 +33,11 @@ from otel_rl.delivery.writer import TrackerHooks, TrackerWriter
 from otel_rl.process.deadline import SHUTDOWN_GRACE
 from otel_rl.process.fork_safe_log import log as _log
 
-__all__ = ["Delivery", "ExportOptions"]
+__all__ = ["COUNTERS", "Delivery", "ExportOptions"]
+
+#: The counters every tracker's ``stats`` holds from the start.
+COUNTERS = ("submitted", "delivered", "dropped", "rejected", "retries", "spilled", "waits",
+            "spool_waits", "backwards_steps", "unspooled")  # fmt: skip
 
 #: Seconds past the shutdown deadline for the spool to take what it was handed and for the
 #: tracker to close: half the run's grace, so that a tracker left behind is named here, with what
@@ -74,8 +78,7 @@ class Delivery:
         self._retry_max_backoff = options.retry_max_backoff
         self._warn_once = warn_once
         self.stats = stats if stats is not None else {}
-        for key in ("submitted", "delivered", "dropped", "rejected", "retries", "spilled",
-                    "waits", "spool_waits", "backwards_steps", "unspooled"):  # fmt: skip
+        for key in COUNTERS:
             self.stats.setdefault(key, 0)
 
         self._cond = threading.Condition()

@@ -19,11 +19,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
+from otel_rl.core.failures import count_loss
 from otel_rl.core.redaction import compile_patterns
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.service_link import decode_record_frame
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, stop_in_parallel
+from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import KILLED_EXIT_CODE
 from otel_rl.run.trackers import RunTrackers
 
@@ -70,18 +72,31 @@ def counters(exporters: Sequence[Any]) -> dict[str, dict[str, int]]:
     return {e.name: {**e.stats, "pending": e.pending} for e in exporters}
 
 
+def unreadable(exporters: Sequence[Any], exc: Exception, warned: set[str]) -> None:
+    """A record the training process sent that cannot be read here: counted as refused."""
+    for exporter in exporters:
+        exporter.stats["submitted"] = exporter.stats.get("submitted", 0) + 1
+        count_loss(exporter.stats, "refused")
+        if exporter.name not in warned:
+            warned.add(exporter.name)
+            _log.warning(
+                "otel-rl: %s: a record from the training process cannot be read in the delivery "
+                "process (%s: %s); it is set aside, later records go on",
+                exporter.name, type(exc).__name__, exc,
+            )  # fmt: skip
+
+
 def serve(records_fd: int, status: Status) -> int:
     incoming = frames(records_fd)
     hello = next(incoming, None)
     if hello is None or hello[0] != "hello":
         return 2
     settings = hello[1]
-    cfg = dict(settings["cfg"])
-    cfg["export"] = {**cfg["export"], "delivery": "thread"}  # the trackers run here
+    cfg = settings["cfg"]
     os.chdir(settings["cwd"])
     try:
         trackers = RunTrackers(
-            cfg, (), run_id=settings["run_id"],
+            cfg, (), run_id=settings["run_id"], here=True,
             options=ExportOptions.from_section(cfg["export"]),
             redaction=compile_patterns(tuple(cfg["redaction"]["extra_patterns"])),
         )  # fmt: skip
@@ -101,10 +116,16 @@ def serve(records_fd: int, status: Status) -> int:
             status.send(stats=counters(exporters))
 
     threading.Thread(target=report, name="otel-rl-delivery-stats", daemon=True).start()
+    warned: set[str] = set()
     exit_code, seconds = KILLED_EXIT_CODE, float(cfg["export"]["shutdown_timeout"])
     for message in incoming:
         if message[0] == "rec":
-            fanout.send(decode_record_frame(message[2]), to=message[1])
+            try:
+                record = decode_record_frame(message[2])
+            except Exception as exc:  # an object this process cannot rebuild: costs only itself
+                unreadable(fanout.select(message[1]), exc, warned)
+                continue
+            fanout.send(record, to=message[1])
         elif message[0] == "flush":
             deadline = Deadline(float(message[2]))
             ok = all(e.force_flush(timeout_millis=deadline.left() * 1000) for e in exporters)

@@ -38,6 +38,7 @@ class RunTrackers:
         run_id: str,
         options: ExportOptions,
         redaction: Patterns,
+        here: bool = False,
     ) -> None:
         self._cfg = cfg
         self._run_id = run_id
@@ -46,9 +47,10 @@ class RunTrackers:
         self._redaction = redaction
         classes = [exporter_class(name) for name in enabled_backends(cfg)]
         #: The delivery process of ``export.delivery: process`` (the trackers the config
-        #: builds run there; those given as instances stay here), else None.
+        #: builds run there; those given as instances stay here), else None. ``here``: this is
+        #: the delivery process.
         self.link: ServiceLink | None = None
-        if cfg["export"]["delivery"] == "process" and classes:
+        if cfg["export"]["delivery"] == "process" and classes and not here:
             self.link = ServiceLink(
                 [sys.executable, "-m", "otel_rl.run.service"],
                 [cls.name for cls in classes],

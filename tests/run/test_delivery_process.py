@@ -226,3 +226,101 @@ def test_records_larger_than_the_pipe_arrive_whole_and_in_order(tmp_path):
         assert r["metrics"]["x"] == float(step)
         assert text == (chr(ord("a") + step) * (3 << 20) if step % 3 == 0 else f"small {step}")
     assert logger.exporters[0].lost == {}
+
+
+def test_values_of_the_scripts_own_classes_arrive_as_in_thread_mode_or_cost_only_themselves(
+    tmp_path,
+):
+    """A ``str`` enum defined in the training script arrives as its text (the delivery process
+    cannot import the script); a value whose class the delivery process cannot import at all
+    costs only its step, counted as refused, and the steps after it go on."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "onlyhere.py").write_text("class Label(str):\n    pass\n")
+    script = textwrap.dedent(f"""
+        import enum, json, sys
+        sys.path.insert(0, {str(mods)!r})  # the delivery process never sees this folder
+        import onlyhere
+        from otel_rl import Logger
+        class Phase(str, enum.Enum):
+            TRAIN = "train"
+        logger = Logger({_cfg(tmp_path)!r})
+        logger.log_hyperparams({{"phase": Phase.TRAIN}})
+        for step in range(6):
+            value = {{2: Phase.TRAIN, 4: onlyhere.Label("odd")}}.get(step, f"s{{step}}")
+            logger.log_metrics({{"x": float(step), "label": value}}, step=step)
+        logger.finish()
+        print(json.dumps(logger.exporters[0].lost))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == '{"refused": 1}', done.stderr
+    assert "cannot be read in the delivery process" in done.stderr
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["label"]) for r in rows] == [
+        (0, "s0"), (1, "s1"), (2, "train"), (3, "s3"), (5, "s5")
+    ]
+    assert '"phase": "train"' in (tmp_path / "logs" / "hyperparams.json").read_text()
+
+
+def _stop_the_delivery_process(logger: Logger) -> int:
+    pid = logger.exporters[0].link.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def test_a_delivery_process_that_stops_reading_never_holds_the_loop_longer_than_its_patience(
+    tmp_path, caplog,
+):
+    """SIGSTOP stands in for a hung delivery process: one call waits at most the patience
+    (max(1 s, 2 x fsync_interval)), then the loop goes on, keeping ``queue_size`` records and
+    dropping older ones, counted; once the process reads again, every record kept arrives."""
+    cfg = _cfg(tmp_path)
+    cfg["export"] = {**cfg["export"], "queue_size": 200}
+    logger = Logger(cfg)
+    logger.log_metrics({"x": 0.0}, step=0, step_finished=True)
+    assert logger.flush(30)
+    pid = _stop_the_delivery_process(logger)
+    slowest = 0.0
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_rl"):
+            for step in range(1, 3001):  # ~6 MB: far more than the pipe holds
+                began = time.monotonic()
+                logger.log_metrics({"x": float(step), "pad": "p" * 2000}, step=step,
+                                   step_finished=True)  # fmt: skip
+                slowest = max(slowest, time.monotonic() - began)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert slowest < 1.0 + 0.5
+    assert any("has read nothing for 1.0 s" in r.getMessage() for r in caplog.records)
+    assert logger.flush(60)
+    logger.finish()
+    lost = logger.exporters[0].lost
+    steps = [r["step"] for r in jsonl_rows(tmp_path / "logs" / "metrics.jsonl")]
+    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 3000
+    assert set(lost) == {"queue_full"} and len(steps) + lost["queue_full"] == 3001
+
+
+def test_records_still_in_the_pipe_when_finish_gives_up_are_counted_lost(tmp_path, caplog):
+    cfg = _cfg(tmp_path)
+    cfg["export"] = {**cfg["export"], "shutdown_timeout": 1.0}
+    logger = Logger(cfg)
+    for step in range(10):
+        logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
+    assert logger.flush(30)
+    time.sleep(0.5)  # the child's counters of these ten are reported
+    _stop_the_delivery_process(logger)
+    for step in range(10, 20):
+        logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        logger.finish()
+    assert time.monotonic() - began < 1.0 + 1.5
+    assert logger.exporters[0].lost == {"delivery_process": 10}
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("what it had not read yet is lost (counted)" in m for m in messages), messages
+    assert any("10 record(s) lost for good in the training process" in m for m in messages)
+    assert not any("exited (code" in m for m in messages), messages
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(10))
