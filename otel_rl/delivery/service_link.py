@@ -241,9 +241,10 @@ class ServiceLink:
 
     def _make_room_locked(self) -> None:
         """Before a frame joins the backlog: under ``export.queue_size`` records, none older than
-        half ``fsync_interval`` (``drop_oldest`` drops instead of waiting for room). A delivery
-        process that reads nothing for ``_patience`` seconds is given up on: the caller no longer
-        waits for it (one warning), and a full backlog drops its oldest record, counted."""
+        half ``fsync_interval`` (``drop_oldest`` drops instead of waiting for room). When one
+        call has waited ``_patience`` seconds, the delivery process is not kept waiting for
+        until it has caught up: the caller goes on (one warning), a full backlog drops its
+        oldest record, counted, and the crash promise is suspended until then."""
         began = time.monotonic()
         counted = False
         while not self.dead:
@@ -265,9 +266,10 @@ class ServiceLink:
             if time.monotonic() - began > self._patience and not self._unresponsive:
                 self._unresponsive = True
                 _log.warning(
-                    "otel-rl: the delivery process has read nothing for %.1f s; log_metrics no "
-                    "longer waits for it: up to export.queue_size records wait here, older ones "
-                    "are dropped and counted (queue_full)", self._patience,
+                    "otel-rl: the delivery process has not kept up for %.1f s (it reads nothing, "
+                    "or less than is logged); until it has caught up, log_metrics no longer "
+                    "waits for it: up to export.queue_size records wait here, older ones are "
+                    "dropped and counted (queue_full)", self._patience,
                 )  # fmt: skip
                 continue
             self._cond.wait(0.05)
@@ -337,9 +339,10 @@ class ServiceLink:
                 if frames:  # the child is gone, or the run ended before it took them
                     for names in taken[pushed:]:
                         self._count("delivery_process", names)
-                elif self._unresponsive:
+                elif self._unresponsive and not self._backlog:
+                    # Caught up with everything: the crash promise holds again from here on.
                     self._unresponsive = False
-                    _log.warning("otel-rl: the delivery process reads again")
+                    _log.warning("otel-rl: the delivery process has caught up again")
                 self._pushing = False
                 self._cond.notify_all()
 
