@@ -131,7 +131,12 @@ class Logger:
         if checked is None:
             return
         buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", bbox_inches="tight")
+        try:
+            figure.savefig(buffer, format="png", bbox_inches="tight")
+        except Exception as exc:  # not a figure, or one that cannot render: costs only itself
+            self._report(name, f"plot skipped: {type(figure).__name__}.savefig(...) failed "
+                               f"({type(exc).__name__}: {exc}); give a matplotlib figure")  # fmt: skip
+            return
         self._fanout.send(Plot(name=name, step=checked, png=buffer.getvalue()))
 
     def log_table(

@@ -159,3 +159,22 @@ def test_nemo_rl_jsonl_dumps_with_hostile_filenames_stay_inside_log_dir(tmp_path
     assert [json.loads(line) for line in step2] == [{"reward": [3.0], "idx": 0}]
     warnings = [r.getMessage() for r in otel_rl_warnings.records if "not written" in r.getMessage()]
     assert len(warnings) == 1 and "'../..'" in warnings[0]
+
+
+def test_something_that_is_no_figure_costs_only_its_plot(tmp_path, otel_rl_warnings):
+    log_dir = tmp_path / "logs"
+    cfg = {"log_dir": str(log_dir), "export": {"spool": False, "on_full": "block"}}
+    with Logger(cfg) as logger:
+        logger.log_plot(b"\x89PNG not a figure", 1, "raw")
+        logger.log_plot(_figure(), 2, "ok")
+    messages = [r.getMessage() for r in otel_rl_warnings.records]
+    assert messages == [
+        "otel-rl: metric 'raw': plot skipped: bytes.savefig(...) failed (AttributeError: 'bytes' "
+        "object has no attribute 'savefig'); give a matplotlib figure"
+    ]
+    assert _files_under(log_dir / "plots") == [os.path.join("ok", "step_2.png")]
+    strict = Logger({"log_dir": str(tmp_path / "strict"), "strict": True,
+                     "export": {"spool": False, "on_full": "block"}})  # fmt: skip
+    with pytest.raises(MetricError, match=r"bytes.savefig\(...\) failed"):
+        strict.log_plot(b"", 1, "raw")
+    strict.finish()
