@@ -134,8 +134,8 @@ class Logger:
         try:
             figure.savefig(buffer, format="png", bbox_inches="tight")
         except Exception as exc:  # not a figure, or one that cannot render: costs only itself
-            self._report(name, f"plot skipped: {type(figure).__name__}.savefig(...) failed "
-                               f"({type(exc).__name__}: {exc}); give a matplotlib figure")  # fmt: skip
+            what = f"{type(figure).__name__}.savefig(...) failed ({type(exc).__name__}: {exc})"
+            self._report(name, f"plot skipped: {what}; give a matplotlib figure")
             return
         self._fanout.send(Plot(name=name, step=checked, png=buffer.getvalue()))
 
