@@ -9,8 +9,10 @@ exactly-once marks exactly as in-process; this process keeps no delivery thread 
 records. The training thread pickles each record once (a step: its rows, ~4 µs for 100 keys)
 and writes the frame to a pipe without blocking. What the pipe cannot take at once waits as
 bytes (which the garbage collector never walks) for a pusher thread that writes it while the
-training thread goes on; only ``export.queue_size`` records' worth of such backlog is kept, then
-``export.on_full`` applies (``drop_oldest`` drops, the others make the caller wait).
+training thread goes on. That backlog holds at most ``export.queue_size`` records (then
+``export.on_full`` applies) and, with a spool, none older than half ``fsync_interval`` (the
+crash promise: the caller waits); no call waits longer than max(1 s, 2 x ``fsync_interval``),
+and a child that has not kept up by then is not waited for again until it has caught up.
 
 A record written to the pipe survives this process: if it is killed, the child still reads
 what the pipe holds, delivers it and closes the trackers as killed (exit code 137). The child
@@ -20,7 +22,8 @@ code and the deadline, and kills it if it is still closing a second after that d
 had not delivered is in its spools, for ``otel-rl replay``).
 
 Frames are a 4-byte big-endian length and a pickle: ``("hello", settings)``, ``("rec", names,
-record)``, ``("flush", id)``, ``("end", exit_code, seconds)``. The child answers on a second
+pickled record)`` (pickled apart, so that a record the child cannot read costs only itself),
+``("flush", id, seconds)``, ``("end", exit_code, seconds)``. The child answers on a second
 pipe with JSON lines: ``started`` or ``error`` once, then ``stats`` every quarter second,
 ``flushed`` and ``finished``.
 """
@@ -200,8 +203,8 @@ class ServiceLink:
     # ---- the training thread -------------------------------------------------------------------
 
     def send(self, record: Any, names: Sequence[str]) -> None:
-        """Hand ``record`` to the child for ``names``; never blocks on the child, except when
-        ``export.queue_size`` records wait already and ``export.on_full`` is not drop_oldest."""
+        """Hand ``record`` to the child for ``names``. Waits only as :meth:`_make_room_locked`
+        says: when the child has fallen behind (bounded), never on a write."""
         try:
             to = None if len(names) == len(self.names) else tuple(names)
             frame = _frame("rec", to, _pickled_record(record))
