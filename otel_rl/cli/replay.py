@@ -77,7 +77,7 @@ class ReplayResult:
             self.error is None
             and self.busy is None
             and not self.skipped
-            and self.delivered >= self.pending
+            and self.delivered + self.rejected >= self.pending  # refused ones: set aside
         )
 
     @property
@@ -470,7 +470,8 @@ def _deliver(
             else:
                 marks.mark([seq for seq, _ in chunk[:done]])
                 position += done
-                result.delivered = position
+                # Records the tracker refused are set aside, done but not delivered.
+                result.delivered = position - exporter.stats.get("rejected", 0)
                 advance(position)
             if failure is None:
                 backoff = 0.0
@@ -488,6 +489,7 @@ def _deliver(
         # killed in trackers that keep a status, never "finished".
         writer.close(int(meta.get("exit_code", KILLED_EXIT_CODE)))
         result.rejected = exporter.stats.get("rejected", 0)
+        result.delivered = position - result.rejected
         advance(position, done=True)
 
 

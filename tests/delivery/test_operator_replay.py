@@ -636,3 +636,33 @@ def test_replay_passes_over_a_spool_with_nothing_waiting_even_when_its_tracker_c
     assert refused.returncode == 1
     assert "no tracker exporter named 'inmemory'" in refused.stdout + refused.stderr
     assert "inmemory" in refused.stdout and "0/1 record(s) delivered" in refused.stdout
+
+
+def test_a_record_the_tracker_refuses_in_replay_is_counted_lost_not_delivered(tmp_path):
+    """The summary line counts what the tracker holds; a refused record is set aside (replay
+    exits 0 and never offers it again) and named among the losses."""
+    from tests.faults.fault_tracker import env_with_faultfile, read_rows, set_mode
+
+    control, rows = tmp_path / "control", tmp_path / "rows.jsonl"
+    set_mode(control, "raise")  # down for the whole run: every step waits in the spool
+    cfg = {"log_dir": str(tmp_path / "logs"), "jsonl_enabled": False,
+           "trackers": {"faultfile": {"path": str(rows), "control": str(control)}},
+           "export": {"shutdown_timeout": 0.5, "retry_max_backoff": 0.1}}  # fmt: skip
+    script = textwrap.dedent(f"""
+        from otel_rl import Logger
+        logger = Logger({cfg!r})
+        for step in range(6):
+            logger.log_metrics({{"loss": float(step)}}, step=step)
+        logger.finish()
+    """)
+    env = env_with_faultfile(tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    set_mode(control, "refuse 3")
+    out = _replay_cli(tmp_path / "logs", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "5/6 record(s) delivered; lost: 1 refused by the tracker" in out.stdout, out.stdout
+    assert [step for step, _ in read_rows(rows)] == [0, 1, 2, 4, 5]
+    again = _replay_cli(tmp_path / "logs", env=env)
+    assert again.returncode == 0 and "0/0 record(s) delivered" in again.stdout, again.stdout

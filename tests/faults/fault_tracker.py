@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from otel_rl.core.records import RowValue, StepBatch
+from otel_rl.exporters import RowRejected
 from otel_rl.exporters.base import TrackerExporter
 from otel_rl.exporters.jsonl import holds_lines_since
 
@@ -55,6 +56,9 @@ class FaultFileTracker(TrackerExporter):
 
     def write_batches(self, batches: Sequence[StepBatch]) -> None:
         self._fault()
+        refused = self._mode()
+        if refused[:1] == ["refuse"] and any(b.step == int(refused[1]) for b in batches):
+            raise RowRejected(f"faultfile: refuses step {refused[1]} (control file says so)")
         lines = [
             json.dumps({"step": b.step, "rows": {k: v for k, v in b.rows.items()
                                                   if type(v) is float}}) + "\n"
@@ -75,11 +79,14 @@ class FaultFileTracker(TrackerExporter):
             os.close(self._fd)
             self._fd = None
 
-    def _fault(self) -> None:
+    def _mode(self) -> list[str]:
         try:
-            mode = Path(self.control).read_text().split()
+            return Path(self.control).read_text().split()
         except OSError:
-            mode = ["ok"]
+            return ["ok"]
+
+    def _fault(self) -> None:
+        mode = self._mode()
         if not mode or mode[0] == "ok":
             return
         if mode[0] == "slow":
