@@ -88,6 +88,7 @@ class Tracking(CoreOutputs):
             VerlFileExporter,
             use_verl_mlflow_names,
         )
+        from otel_rl.delivery.service_link import apply_to_tracker
         from otel_rl.logger import Logger as CoreLogger
 
         self.project_name = str(project_name)
@@ -112,7 +113,8 @@ class Tracking(CoreOutputs):
         added = [n for n in self.logger if n in SUPPORTED_BACKENDS and n not in self.backends]
         self.backends += added
         if "mlflow" in self.logger:
-            use_verl_mlflow_names(self.logger["mlflow"])
+            # Where the tracker lives: here, or in the delivery process (export.delivery).
+            apply_to_tracker(self.logger["mlflow"], use_verl_mlflow_names)
         if params:
             self.core.log_hyperparams(params)
         VERL_TRACKINGS.add(self)

@@ -43,7 +43,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ from otel_rl.delivery.worker import COUNTERS
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 
-__all__ = ["ServiceLink", "ServiceTracker", "decode_record_frame"]
+__all__ = ["ServiceLink", "ServiceTracker", "apply_to_tracker", "decode_record_frame"]
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe holds a few hundred steps before the backlog is used
 _PIPE_SIZE = 1 << 20
@@ -349,14 +349,24 @@ class ServiceLink:
                 self._pushing = False
                 self._cond.notify_all()
 
+    def setup(self, name: str, setup: Callable[[Any], object]) -> None:
+        """Run ``setup(tracker)`` on tracker ``name`` in the child, before any record sent
+        after this call (``setup`` travels by reference: a module-level function)."""
+        with self._cond:
+            self._queue_control_locked(_frame("setup", name, setup))
+
+    def _queue_control_locked(self, frame: bytes) -> None:
+        if not self.dead:
+            self._backlog.append((frame, (), time.monotonic()))
+            self._cond.notify_all()
+
     def _send_control(self, frame: bytes, deadline: Deadline) -> bool:
         """Send a control frame after every record sent before it; True once the pipe took it
         (the pusher writes it: one writer, so frames never interleave)."""
         with self._cond:
             if self.dead:
                 return False
-            self._backlog.append((frame, (), time.monotonic()))
-            self._cond.notify_all()
+            self._queue_control_locked(frame)
             while (self._backlog or self._pushing) and not self.dead and deadline.left() > 0:
                 self._cond.wait(min(0.05, deadline.left()))
             return not (self._backlog or self._pushing or self.dead)
@@ -563,11 +573,11 @@ class ServiceTracker:
         self.link.abandon_after_fork()
 
 
-def links_of(exporters: Iterable[Any]) -> list[ServiceLink]:
-    """The delivery processes behind ``exporters``, each once."""
-    seen: dict[int, ServiceLink] = {}
-    for exporter in exporters:
-        if isinstance(exporter, ServiceTracker):
-            seen.setdefault(id(exporter.link), exporter.link)
-    return list(seen.values())
+def apply_to_tracker(exporter: Any, setup: Callable[[Any], object]) -> None:
+    """Run ``setup(tracker)`` where the tracker lives: on the exporter here, or in the delivery
+    process (``export.delivery: process``; ``setup`` must then be a module-level function)."""
+    if isinstance(exporter, ServiceTracker):
+        exporter.link.setup(exporter.name, setup)
+    else:
+        setup(exporter)
 

@@ -47,7 +47,11 @@ def frames(fd: int) -> Iterator[tuple[Any, ...]]:
             size = int.from_bytes(buffer[start : start + 4], "big")
             if len(buffer) - start - 4 < size:
                 break
-            yield pickle.loads(buffer[start + 4 : start + 4 + size])
+            try:
+                yield pickle.loads(buffer[start + 4 : start + 4 + size])
+            except Exception as exc:  # e.g. a setup function this process cannot import
+                _log.warning("otel-rl: a message from the training process cannot be read in "
+                             "the delivery process (%s: %s); skipped", type(exc).__name__, exc)
             start += 4 + size
         del buffer[:start]
 
@@ -126,6 +130,13 @@ def serve(records_fd: int, status: Status) -> int:
                 unreadable(fanout.select(message[1]), exc, warned)
                 continue
             fanout.send(record, to=message[1])
+        elif message[0] == "setup":  # e.g. verl's MLflow metric names (compat/verl.py)
+            tracker = fanout.named(message[1])
+            try:
+                if tracker is not None:
+                    message[2](tracker)
+            except Exception as exc:
+                _log.warning("otel-rl: %s: setting up the tracker failed: %s", message[1], exc)
         elif message[0] == "flush":
             deadline = Deadline(float(message[2]))
             ok = all(e.force_flush(timeout_millis=deadline.left() * 1000) for e in exporters)

@@ -21,7 +21,7 @@ from otel_rl.core.paths import folder_name
 from otel_rl.core.redaction import Patterns, redact_nested
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.registry import enabled_backends, exporter_class
-from otel_rl.delivery.service_link import ServiceLink, links_of
+from otel_rl.delivery.service_link import ServiceLink, ServiceTracker
 from otel_rl.delivery.spool import SpoolBusy, holder_of, spool_root, waiting_records
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, Part, stop_in_parallel
 from otel_rl.process.fork_safe_log import log as _log
@@ -82,19 +82,18 @@ class RunTrackers:
             (f"tracker {getattr(e, 'name', type(e).__name__)}",
              partial(_shutdown, e, deadline, exit_code))
             for e in self.exporters
-            if not links_of([e])
+            if not isinstance(e, ServiceTracker)
         ]  # fmt: skip
-        parts += [
-            (f"delivery process ({', '.join(link.names)})",
-             partial(link.finish, deadline, exit_code))
-            for link in links_of(self.exporters)
-        ]  # fmt: skip
+        if self.link is not None:
+            parts.append((f"delivery process ({', '.join(self.link.names)})",
+                          partial(self.link.finish, deadline, exit_code)))  # fmt: skip
         return parts
 
     def abandon(self) -> None:
         """The run failed to start: stop the trackers started so far (nothing was logged)."""
         deadline = Deadline(1.0)
-        started = [e for e in self.exporters if getattr(e, "started", False) and not links_of([e])]
+        local = [e for e in self.exporters if not isinstance(e, ServiceTracker)]
+        started = [e for e in local if getattr(e, "started", False)]
         parts = [(f"tracker {e.name}", partial(_shutdown, e, deadline, 0)) for e in started]
         if self.link is not None and self.link.process is not None:
             parts.append(("delivery process", partial(self.link.finish, deadline, 0)))

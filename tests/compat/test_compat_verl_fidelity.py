@@ -174,3 +174,21 @@ def test_console_logger_is_the_console_backend(workdir, capsys):
         assert capsys.readouterr().out == ""
     with Tracking("p", "e", ["tensorboard"]) as tracking:
         assert not hasattr(tracking, "console_logger")  # verl sets it only with "console"
+
+
+def test_mlflow_names_are_verls_with_the_trackers_in_the_delivery_process(workdir, monkeypatch):
+    """``export.delivery: process`` from ``config["otel_rl"]``: the MLflow tracker runs in the
+    delivery process, and verl's metric names reach it there (a local SQLite store)."""
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{(workdir / 'mlflow.db').as_posix()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    config = {"otel_rl": {"export": {"delivery": "process"}}}
+    with Tracking("verl-names-process", "run-1", ["mlflow"], config=config) as tracking:
+        assert type(tracking.logger["mlflow"]).__name__ == "ServiceTracker"
+        tracking.log({key: float(i) for i, key in enumerate(VERL_NAMES)}, step=1)
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("verl-names-process").experiment_id])
+    assert sorted(run.data.metrics) == sorted(VERL_NAMES.values())
