@@ -57,6 +57,8 @@ class TrackerExporter(MetricExporter):
             self, given={k: v for k, v in given.items() if v is not None},
             batches_one_by_one=type(self).write_batches is TrackerExporter.write_batches,
         )  # fmt: skip
+        if type(self).submit is TrackerExporter.submit:  # one call less on every record's path
+            self.submit = self._channel.submit  # type: ignore[method-assign]
         if spool_dir is not None:
             self._channel.attach(None, spool_dir, spool_meta)
 
@@ -77,7 +79,8 @@ class TrackerExporter(MetricExporter):
         raise NotImplementedError
 
     def write_batches(self, batches: Sequence[StepBatch]) -> None:
-        """Write several consecutive step batches; override with one request where possible."""
+        """Write consecutive step batches. Override it with one request where possible: a tracker
+        that does gets every step through it, one or many at a time."""
         for batch in batches:
             self.write_step(batch.step, batch.rows, batch)
 
@@ -145,14 +148,12 @@ class TrackerExporter(MetricExporter):
         tracker is behind, or the spool cannot keep up with the disk (docs/reliability.md)."""
         self._channel.submit(record)
 
-    def writer(self) -> TrackerWriter:
-        """A writer that calls this tracker on the caller's thread (``otel-rl replay``)."""
+    def writer(self) -> TrackerWriter:  # writes on the caller's thread (otel-rl replay)
         return self._channel.writer()
 
-    # Delivery counters (submitted, delivered, retries, lost[...], ...), records not yet
-    # delivered, the permanent error that stopped the tracker, records lost for good by reason
-    # (otel_rl.core.failures.LOSS_REASONS), and records left undelivered by shutdown().
-    started = property(lambda self: self._channel.delivery is not None)
+    # Delivery counters, records not yet delivered, the permanent error that stopped the tracker,
+    # records lost for good by reason (core/failures.py), and those left by shutdown().
+    started = property(lambda self: self._channel.started)
     stats = property(lambda self: self._channel.stats)
     pending = property(lambda self: self._channel.pending)
     failure = property(lambda self: self._channel.failure)

@@ -29,6 +29,7 @@ class TrackioExporter(SdkRunExporter):
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self._trackio: Any = None
         self._config_pending = False
+        self._highest_step = 0
         super().__init__({"project": "otel-rl", "embed": False, **(init_kwargs or {})}, **kwargs)
 
     @classmethod
@@ -103,7 +104,7 @@ class TrackioExporter(SdkRunExporter):
             return
         if self._config_pending:
             # Late hyperparameters and no row since: an empty row carries them.
-            self.run.log({}, step=self._channel.order.highest or 0)
+            self.run.log({}, step=self._highest_step)
         self.run.finish()
         self.run = None
 
@@ -126,3 +127,4 @@ class TrackioExporter(SdkRunExporter):
         with self.refused_content():
             run.log(data, step=step)
         self._config_pending = False
+        self._highest_step = max(self._highest_step, step)

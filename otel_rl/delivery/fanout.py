@@ -2,7 +2,7 @@
 
 The Logger, the GPU bridge, the pending-step checkpointer and the NeMo RL / verl drop-ins all
 send through a :class:`Fanout`, so that which trackers get a record is decided in one place.
-``send`` only appends to each exporter's queue (see :mod:`otel_rl.delivery.worker`): it never
+``send`` only appends to each exporter's queue (see :mod:`otel_rl.delivery.channel`): it never
 blocks on a tracker, except under ``export.on_full: block`` as documented.
 """
 

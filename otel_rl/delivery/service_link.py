@@ -50,8 +50,8 @@ from typing import Any
 from otel_rl.core.errors import ConfigError
 from otel_rl.core.failures import LOSS_REASONS, count_loss, describe_losses, losses
 from otel_rl.core.records import Record, StepBatch
+from otel_rl.delivery.channel import COUNTERS
 from otel_rl.delivery.options import ExportOptions
-from otel_rl.delivery.worker import COUNTERS
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 

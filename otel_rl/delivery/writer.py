@@ -1,98 +1,110 @@
-"""Writing records to one tracker: shared by the live worker and by ``otel-rl replay``.
+"""Writing records to one tracker: shared by a channel's worker and by ``otel-rl replay``.
 
-The writer opens the tracker once, writes a batch all or nothing (or reports how far it got),
-classifies every error (:mod:`otel_rl.core.failures`) and sets aside a record the tracker refuses,
-so that one bad record never holds back the ones after it.
+The writer calls the tracker's verbs directly (a :class:`Tracker` is any object with them,
+``otel_rl.exporters.TrackerExporter`` first of all). It opens the tracker once, writes a batch
+all or nothing (or knows how far it got), notices steps that go backwards, classifies every error
+(:mod:`otel_rl.core.failures`) and sets aside a record the tracker refuses, so that one bad
+record never holds back the ones after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, cast
+from weakref import WeakSet
 
 from otel_rl.core.failures import Failure, count_loss
+from otel_rl.core.records import Record, StepBatch
+from otel_rl.delivery.step_order import StepOrder
 from otel_rl.process.fork_safe_log import log as _log
 
-
-class PartialWrite(Exception):
-    """Raised by a tracker's deliver callable when the first ``done`` records were written
-    before ``error``: only the rest is retried (a batch is never written twice in part)."""
-
-    def __init__(self, done: int, error: BaseException) -> None:
-        super().__init__(f"{done} written, then {type(error).__name__}: {error}")
-        self.done = done
-        self.error = error
+#: ``note(first_seq, last_seq, records, position)``: where the tracker's output stood before a
+#: write (the spool's attempt line, which replay's duplicate check reads).
+NoteAttempt = Callable[[int, int, int, Any], None]
 
 
-@dataclass
-class TrackerHooks:
-    """The calls one tracker exporter offers its writer (all run on one thread)."""
+class Tracker(Protocol):
+    """What a channel and its writer need of a tracker; the calls are all made on one thread
+    (the channel's worker, or ``otel-rl replay``'s)."""
 
-    open: Callable[[], None]
-    deliver: Callable[[list[Any]], None]
-    flush: Callable[[], None]
-    close: Callable[[int], None]
-    classify: Callable[[BaseException, str], Failure]
-    position: Callable[[], Any] = lambda: None
+    resume_config: dict[str, Any]
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def max_batch(self) -> int: ...
+    @property
+    def backwards_policy(self) -> str: ...
+    @property
+    def repeat_is_backwards(self) -> bool: ...
+
+    def open(self) -> None: ...
+    def write_step(self, step: int, rows: Mapping[str, Any], batch: StepBatch) -> None: ...
+    def write_batches(self, batches: Sequence[StepBatch]) -> None: ...
+    def flush_backend(self) -> None: ...
+    def close(self, exit_code: int) -> None: ...
+    def classify_error(self, exc: BaseException, phase: str) -> Failure: ...
+    def write_position(self) -> Any: ...
 
 
 class TrackerWriter:
-    """Writes records to one tracker: opens it once, classifies what goes wrong, and sets aside
-    a record the tracker refuses. Used by the live worker and by ``otel-rl replay`` alike."""
+    """Writes records to one tracker, in order, on the caller's thread."""
 
     def __init__(
         self,
-        name: str,
-        hooks: TrackerHooks,
+        tracker: Tracker,
         stats: dict[str, int],
         warn_once: Callable[..., None],
+        *,
+        batches_one_by_one: bool,
     ) -> None:
-        self.name = name
-        self._hooks = hooks
+        self.tracker = tracker
+        self.name = tracker.name
         self._stats = stats
         self._warn_once = warn_once
+        # A tracker without its own write_batches gets one write_step per batch, and a failure
+        # half-way says how far it got, so that a retry never writes a step twice.
+        self._one_by_one = batches_one_by_one
+        self.order = StepOrder(repeat_is_backwards=tracker.repeat_is_backwards)
+        self._noted: WeakSet[StepBatch] = WeakSet()  # order checked (a retry sends them again)
         self.opened = False
 
     def write(
-        self,
-        items: list[tuple[int | None, Any]],
-        note: Callable[[int, int, int, Any], None] | None = None,
+        self, items: list[tuple[int | None, Any]], note: NoteAttempt | None = None
     ) -> tuple[int, Failure | None]:
         """Write ``items`` (``(seq, record)`` pairs); returns how many at the head are done
         (written or set aside) and the failure that stopped the rest, if any.
 
-        ``note(first_seq, last_seq, records, position)`` is called once the tracker is open, just
-        before the write, with the tracker's :meth:`position` (when it can tell one).
+        ``note`` is called once the tracker is open, just before the write, with the tracker's
+        ``write_position()`` (when it can tell one).
         """
-        if not self.opened:
-            try:
-                self._hooks.open()
-                self.opened = True
-            except Exception as exc:
-                failure = self._hooks.classify(exc, "open")
-                if failure.kind == "record":  # nothing to set aside before the tracker opens
-                    failure = Failure("permanent", exc, failure.hint)
-                return 0, failure
-        replayable = [record for _, record in items if record is not None]
-        seqs = [seq for seq, _ in items if seq is not None]
-        if note is not None and seqs:
-            try:
-                where = self._hooks.position()
-                if where is not None:
-                    note(seqs[0], seqs[-1], len(replayable), where)
-            except Exception as exc:  # only replay's duplicate check depends on it
-                self._warn_once("position", "%s: cannot note the write position: %s",
-                                self.name, exc)  # fmt: skip
-        try:
-            if replayable:
-                self._hooks.deliver(replayable)
+        tracker = self.tracker
+        failure = self.open()
+        if failure is not None:
+            return 0, failure
+        records = [record for _, record in items if record is not None]
+        if note is not None:
+            self._note(items, len(records), note)
+        if not records:
             return len(items), None
-        except PartialWrite as partial:
-            done, error = partial.done, partial.error
+        first = records[0]
+        done = 0
+        try:
+            if not isinstance(first, StepBatch):
+                first.deliver_to(tracker)  # records other than steps come one at a time
+                return len(items), None
+            batches = cast("list[StepBatch]", records)  # several records are step batches only
+            self._note_order(batches)
+            if not self._one_by_one:
+                tracker.write_batches(batches)
+                return len(items), None
+            for batch in batches:
+                tracker.write_step(batch.step, batch.rows, batch)
+                done += 1
+            return len(items), None
         except Exception as exc:
-            done, error = 0, exc
-        failure = self._hooks.classify(error, "write")
+            error = exc
+        failure = tracker.classify_error(error, "write")
         if failure.kind != "record":
             return done, failure
         if len(items) - done > 1:
@@ -105,25 +117,66 @@ class TrackerWriter:
         self._set_aside(items[done][1], failure)
         return done + 1, None
 
+    def open(self) -> Failure | None:
+        """Open the tracker unless it is open; the failure if it cannot be opened."""
+        if self.opened:
+            return None
+        try:
+            self.tracker.open()
+        except Exception as exc:
+            failure = self.tracker.classify_error(exc, "open")
+            if failure.kind == "record":  # nothing to set aside before the tracker opens
+                failure = Failure("permanent", exc, failure.hint)
+            return failure
+        self.opened = True
+        return None
+
     def flush(self) -> Failure | None:
         if not self.opened:
             return None
         try:
-            self._hooks.flush()
+            self.tracker.flush_backend()
         except Exception as exc:
             self._warn_once(f"flush:{type(exc).__name__}", "%s: flush failed: %s", self.name, exc)
-            return self._hooks.classify(exc, "write")
+            return self.tracker.classify_error(exc, "write")
         return None
 
     def close(self, exit_code: int) -> None:
         if not self.opened:
             return
         try:
-            self._hooks.close(exit_code)
+            self.tracker.close(exit_code)
         except Exception as exc:
             _log.warning("otel-rl: %s: close failed: %s", self.name, exc)
 
-    def _set_aside(self, record: Any, failure: Failure) -> None:
+    def _note(self, items: list[tuple[int | None, Any]], records: int, note: NoteAttempt) -> None:
+        seqs = [seq for seq, _ in items if seq is not None]
+        if not seqs:
+            return
+        try:
+            where = self.tracker.write_position()
+            if where is not None:
+                note(seqs[0], seqs[-1], records, where)
+        except Exception as exc:  # only replay's duplicate check depends on it
+            self._warn_once("position", "%s: cannot note the write position: %s", self.name, exc)
+
+    def _note_order(self, batches: list[StepBatch]) -> None:
+        for batch in batches:
+            # Once per batch: a retried write delivers the same batches again.
+            if batch.axis is not None or batch in self._noted:
+                continue
+            self._noted.add(batch)
+            previous = self.order.check(batch.step)
+            if previous is None:
+                continue
+            self._stats["backwards_steps"] = self.order.backwards
+            self._warn_once(
+                "backwards",
+                "%s: step went backwards (%d after %d); %s; further occurrences are only counted",
+                self.name, batch.step, previous, self.tracker.backwards_policy,
+            )  # fmt: skip
+
+    def _set_aside(self, record: Record, failure: Failure) -> None:
         self._stats["rejected"] = self._stats.get("rejected", 0) + 1
         count_loss(self._stats, "refused")
         where = f" at step {record.step}" if hasattr(record, "step") else ""

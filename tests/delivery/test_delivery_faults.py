@@ -141,7 +141,7 @@ def test_worker_thread_never_dies(tmp_path, otel_rl_warnings):
     The bug is injected into the delivery's own loop: nothing public can break it."""
     tracker = Recording()
     tracker.start()
-    delivery = tracker._channel.delivery
+    delivery = tracker._channel
     original = delivery._take_locked
     broken = {"left": 3}
 
@@ -276,16 +276,16 @@ def test_records_the_spool_could_not_hold_are_counted_and_still_delivered(tmp_pa
     is injected at the spool's append (a real one needs a mount this test cannot make)."""
     tracker = Recording(spool_dir=tmp_path / "spool", fsync_interval=0.05)
     tracker.start()
-    real = tracker._channel.delivery.spool.append
+    real = tracker._channel.spool.append
 
     def full(records):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    tracker._channel.delivery.spool.append = full
+    tracker._channel.spool.append = full
     for step in range(5):
         tracker.submit(StepBatch(step=step, values={"x": 1.0}))
     assert tracker.force_flush(10_000)
-    tracker._channel.delivery.spool.append = real
+    tracker._channel.spool.append = real
     tracker.shutdown()
     assert tracker.steps == [0, 1, 2, 3, 4]
     assert tracker.stats["unspooled"] == 5
@@ -385,7 +385,7 @@ def test_drop_oldest_never_drops_a_record_being_written(tmp_path):
     tracker.start()
     for step in range(3):
         tracker.submit(StepBatch(step=step, values={"x": 1.0}))
-    _wait(lambda: tracker._channel.delivery._inflight == 3)
+    _wait(lambda: tracker._channel._inflight == 3)
     tracker.submit(StepBatch(step=3, values={"x": 1.0}))
     gate.set()
     assert tracker.force_flush(5_000)

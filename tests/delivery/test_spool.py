@@ -142,7 +142,7 @@ class AlwaysRaises(TrackerExporter):
 def _wait_until_spooled(tracker: TrackerExporter, timeout: float = 60.0) -> None:
     """Memory is measured once the spool thread has written what was submitted."""
     deadline = time.monotonic() + timeout
-    while tracker._channel.delivery._feed._incoming and time.monotonic() < deadline:
+    while tracker._channel._incoming and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
