@@ -52,6 +52,7 @@ from otel_rl.core.failures import LOSS_REASONS, count_loss, describe_losses, los
 from otel_rl.core.records import Record, StepBatch
 from otel_rl.delivery.channel import COUNTERS
 from otel_rl.delivery.options import ExportOptions
+from otel_rl.delivery.spool import private_dirs
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 
@@ -108,6 +109,21 @@ def decode_record_frame(body: bytes) -> Record:
     return Record.kinds[kind].decode(encoded)
 
 
+def _atomic_run(frames: deque[memoryview]) -> list[memoryview]:
+    """The first frames, up to ``PIPE_BUF`` bytes in all (or the first alone): a pipe takes
+    such a write whole or not at all, so it never ends inside a frame when the frames after
+    it go to a handoff file. Only a frame larger than that can be cut by a full pipe; the
+    handoff then waits until the pipe has taken the rest of it."""
+    run: list[memoryview] = []
+    size = 0
+    for frame in itertools.islice(frames, _IOV_MAX):
+        size += len(frame)
+        if run and size > select.PIPE_BUF:
+            break
+        run.append(frame)
+    return run
+
+
 def _frame(*message: Any) -> bytes:
     payload = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
     return len(payload).to_bytes(4, "big") + payload
@@ -124,7 +140,7 @@ class ServiceLink:
         settings: Mapping[str, Any],
         options: ExportOptions,
         *,
-        spooled: bool = True,
+        handoff_dir: Path | None = None,
     ) -> None:
         self._argv = list(argv)
         self.names = list(names)
@@ -142,8 +158,17 @@ class ServiceLink:
         self._pushing = False
         self._pushing_since = 0.0  # when the oldest frame the pusher holds was sent
         # The crash promise of a spool (nothing older than fsync_interval lost to a kill) holds
-        # for frames this process still holds, too: past half of it, the caller waits.
-        self._lag_limit = options.fsync_interval / 2 if spooled else None
+        # for frames this process still holds, too. Frames the pipe has not taken after a
+        # quarter of it go to a handoff file (local disk, which survives this process); past
+        # half of it (the file cannot be written), the caller waits.
+        self._handoff_dir = handoff_dir
+        self._settings["handoff_dir"] = None if handoff_dir is None else str(handoff_dir)
+        self._lag_limit = options.fsync_interval / 2 if handoff_dir is not None else None
+        self._handoff_after = options.fsync_interval / 4
+        self._handoff: tuple[Path, int] | None = None  # the file being written, and its fd
+        self._handoffs = 0
+        self._diverted = False  # frames go to the handoff file until the pipe has its name
+        self._head_cut = False  # the backlog's first frame is the rest of one the pipe took part of
         self._patience = max(1.0, 2 * options.fsync_interval)
         self._unresponsive = False
         #: Records written whole to the pipe, by tracker (checkpoints not counted).
@@ -168,6 +193,10 @@ class ServiceLink:
     def backlog(self) -> int:
         """Records waiting for the pipe in this process."""
         return self._backlog_records
+
+    def sent(self, name: str) -> int:
+        """Records for tracker ``name`` that left this process (into the pipe or a file)."""
+        return self._sent[name]
 
     # ---- start ---------------------------------------------------------------------------------
 
@@ -217,7 +246,7 @@ class ServiceLink:
             if self.dead or self._ended:
                 self._count("delivery_process", names)
                 return
-            if not self._backlog and not self._pushing:
+            if not self._backlog and not self._pushing and not self._diverted:
                 try:
                     written = os.write(self._out, frame)
                 except BlockingIOError:
@@ -229,6 +258,7 @@ class ServiceLink:
                     self._note_sent(record, names)
                     return
                 frame = frame[written:]
+                self._head_cut = bool(written)  # the pipe holds the first part of this frame
             self._make_room_locked()
             # Checkpoints of a pending step are no records of their own: never counted.
             # A tuple of strings, unlike a list, is soon untracked by the garbage collector.
@@ -304,37 +334,43 @@ class ServiceLink:
 
     def _push(self) -> None:
         """Write the backlog as the pipe takes it. The frames go out by ``writev`` as they are:
-        joining or slicing megabytes would hold the GIL the training thread is waiting for."""
+        joining or slicing megabytes would hold the GIL the training thread is waiting for.
+
+        Frames the pipe has not taken a quarter of ``fsync_interval`` after they were sent (the
+        child has fallen behind) go to a handoff file instead, in the run's spool folder, and
+        so do all the frames after them until the pipe has taken the file's name: the child
+        reads the file there, in order, then deletes it. A file whose name never reached the
+        pipe (this process was killed) is read when the pipe ends. So the caller does not wait
+        for a child that is behind, and a kill loses no more than it would in-process."""
         poller = select.poll()
         poller.register(self._out, select.POLLOUT)
         while True:
             with self._cond:
-                while not self._backlog and not self.dead and not self._ended:
+                while not (self._backlog or self._diverted or self.dead or self._ended):
                     self._cond.wait()
-                if not self._backlog or self.dead:
+                if self.dead or not (self._backlog or self._diverted):
                     return
                 frames = deque(memoryview(frame) for frame, _, _ in self._backlog)
+                times = deque(sent for _, _, sent in self._backlog)
                 taken = [names for _, names, _ in self._backlog]
-                pushed = 0
-                self._pushing_since = self._backlog[0][2]
+                self._pushing_since = times[0] if times else time.monotonic()
+                cut, self._head_cut = self._head_cut, False
                 self._backlog.clear()
                 self._backlog_records = 0
                 self._pushing = True
+            pushed = len(frames)
             try:
-                while frames and not self.dead:
-                    poller.poll(100)
-                    try:
-                        written = os.writev(self._out, list(itertools.islice(frames, _IOV_MAX)))
-                    except BlockingIOError:
-                        continue
-                    while written and written >= len(frames[0]):
-                        written -= len(frames.popleft())
-                        pushed += 1
-                    if written:
-                        frames[0] = frames[0][written:]
+                if not self._diverted:
+                    self._to_pipe(frames, times, poller, cut=cut)
+                if frames and not self.dead and not self._to_handoff(frames):
+                    self._announce(poller, wait=True)  # the file failed: back to the pipe
+                    self._to_pipe(frames, times, poller, handoff=False)
+                if self._diverted:
+                    self._announce(poller, wait=not self._handoff_dir)
             except OSError:
                 with self._cond:
                     self.dead = True
+            pushed -= len(frames)
             with self._cond:
                 for names in taken[:pushed]:
                     for name in names:
@@ -348,6 +384,91 @@ class ServiceLink:
                     _log.warning("otel-rl: the delivery process has caught up again")
                 self._pushing = False
                 self._cond.notify_all()
+
+    def _to_pipe(
+        self, frames: deque[memoryview], times: deque[float], poller: Any, *,
+        handoff: bool = True, cut: bool = False,
+    ) -> None:  # fmt: skip
+        """Write ``frames`` to the pipe; stops at a frame's boundary, leaving the rest in
+        ``frames``, when the oldest has waited long enough for the handoff file. ``cut``: the
+        first is the rest of a frame the pipe has taken part of."""
+        handoff = handoff and self._handoff_dir is not None
+        whole = not cut  # frames[0] is a whole frame, not the rest of one
+        while frames and not self.dead:
+            if handoff and whole and time.monotonic() - times[0] > self._handoff_after:
+                return
+            poller.poll(20 if handoff else 100)
+            try:
+                written = os.writev(self._out, _atomic_run(frames) if handoff else
+                                    list(itertools.islice(frames, _IOV_MAX)))  # fmt: skip
+            except BlockingIOError:
+                continue
+            while written and written >= len(frames[0]):
+                written -= len(frames.popleft())
+                times.popleft()
+            whole = not written
+            if written:
+                frames[0] = frames[0][written:]
+            if times:
+                self._pushing_since = times[0]
+
+    def _to_handoff(self, frames: deque[memoryview]) -> bool:
+        """Append ``frames`` to the handoff file (opened for the first); False, and nothing
+        written, when it cannot be (the handoff is then off for the run, with one warning)."""
+        assert self._handoff_dir is not None
+        if self._handoff is None:
+            self._handoffs += 1
+            path = self._handoff_dir / f"handoff-{os.getpid()}-{self._handoffs}.frames"
+            try:
+                private_dirs(self._handoff_dir)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            except OSError as exc:
+                return self._handoff_failed(exc)
+            self._handoff = (path, fd)
+            with self._cond:
+                self._diverted = True
+        path, fd = self._handoff
+        size = os.fstat(fd).st_size
+        try:
+            while frames:
+                written = os.writev(fd, list(itertools.islice(frames, _IOV_MAX)))
+                while written and written >= len(frames[0]):
+                    written -= len(frames.popleft())
+                if written:
+                    frames[0] = frames[0][written:]
+        except OSError as exc:  # a full disk: the frames go by the pipe, the file is cut back
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            return self._handoff_failed(exc)
+        return True
+
+    def _handoff_failed(self, exc: OSError) -> bool:
+        _log.warning("otel-rl: the delivery process's handoff file cannot be written (%s); "
+                     "log_metrics waits for the delivery process instead", exc)  # fmt: skip
+        self._handoff_dir = None
+        return False
+
+    def _announce(self, poller: Any, *, wait: bool) -> None:
+        """Give the child the handoff file's name (a frame small enough to go whole or not at
+        all); the frames after it go by the pipe again. ``wait``: until the pipe takes it."""
+        if self._handoff is None:
+            return
+        path, fd = self._handoff
+        frame = _frame("handoff", str(path))
+        while not self.dead:
+            poller.poll(100 if wait else 20)  # not a busy loop while the pipe stays full
+            try:
+                os.write(self._out, frame)
+            except BlockingIOError:
+                if not wait:
+                    return
+                continue
+            break
+        os.close(fd)
+        self._handoff = None
+        with self._cond:
+            self._diverted = False
+            self._cond.notify_all()
 
     def setup(self, name: str, setup: Callable[[Any], object]) -> None:
         """Run ``setup(tracker)`` on tracker ``name`` in the child, before any record sent
@@ -367,9 +488,13 @@ class ServiceLink:
             if self.dead:
                 return False
             self._queue_control_locked(frame)
-            while (self._backlog or self._pushing) and not self.dead and deadline.left() > 0:
+            while self._holding_locked() and not self.dead and deadline.left() > 0:
                 self._cond.wait(min(0.05, deadline.left()))
-            return not (self._backlog or self._pushing or self.dead)
+            return not (self._holding_locked() or self.dead)
+
+    def _holding_locked(self) -> bool:
+        """Frames not in the pipe yet: waiting, being written, or in a file not announced."""
+        return bool(self._backlog) or self._pushing or self._diverted
 
     # ---- the status reader thread --------------------------------------------------------------
 
@@ -478,6 +603,7 @@ class ServiceLink:
             for name in self.names:
                 received = self.remote_stats[name].get("submitted", 0)
                 self._count("delivery_process", (name,), max(0, self._sent[name] - received))
+            self._remove_handoffs()
             _log.warning(
                 "otel-rl: the delivery process was still closing %s at the deadline "
                 "(export.shutdown_timeout); it was stopped: what it had spooled waits for "
@@ -492,6 +618,18 @@ class ServiceLink:
                     "the delivery process had them: %s (docs/reliability.md, Losses)",
                     name, sum(lost.values()), describe_losses(lost),
                 )  # fmt: skip
+
+    def _remove_handoffs(self) -> None:
+        """The child was stopped: the frames it had not read from handoff files are counted
+        lost, and the files go."""
+        if self._handoff is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._handoff[1])
+            self._handoff = None
+        folder = self._settings["handoff_dir"]
+        if folder is not None:
+            for path in Path(folder).glob(f"handoff-{os.getpid()}-*.frames"):
+                path.unlink(missing_ok=True)
 
     def _kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -557,8 +695,11 @@ class ServiceTracker:
 
     @property
     def pending(self) -> int:
-        """Records the child holds for this tracker, plus those still waiting for the pipe."""
-        return int(self.link.remote_stats[self.name].get("pending", 0)) + self.link.backlog
+        """Records not yet delivered: waiting here, in the pipe or a handoff file (sent, not
+        yet read by the child, as of its last report), or held by the child."""
+        remote = self.link.remote_stats[self.name]
+        unread = max(0, self.link.sent(self.name) - remote.get("submitted", 0))
+        return int(remote.get("pending", 0)) + unread + self.link.backlog
 
     def submit(self, record: Any) -> None:
         self.link.send(record, (self.name,))

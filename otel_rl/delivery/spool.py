@@ -41,7 +41,13 @@ def spool_root(log_dir: str | os.PathLike[str]) -> Path:
     return Path(log_dir) / SPOOL_DIRNAME
 
 
-def _private_dirs(directory: Path) -> None:
+def handoff_dir(log_dir: str | os.PathLike[str]) -> Path:
+    """Where a training process hands frames to its delivery process when the pipe is full
+    (``export.delivery: process``); no tracker's spool (``otel-rl replay`` passes it by)."""
+    return spool_root(log_dir).absolute() / ".handoff"
+
+
+def private_dirs(directory: Path) -> None:
     """Create ``directory`` and its missing parents as 0700 (the umask cannot widen it)."""
     missing = []
     path = directory
@@ -522,7 +528,7 @@ class Spool:
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
-        _private_dirs(self.dir)
+        private_dirs(self.dir)
         # Held until close(): no replay delivers this spool while the run may still write it.
         self._lock = SpoolLock(self.dir, "the training run")
         self._lock.acquire()

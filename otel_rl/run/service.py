@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from otel_rl.core.failures import count_loss
@@ -56,6 +57,41 @@ def frames(fd: int) -> Iterator[tuple[Any, ...]]:
         del buffer[:start]
 
 
+def messages(records_fd: int) -> Iterator[tuple[Any, ...]]:
+    """The messages of the records pipe, with the handoff files it names read in their place
+    (then deleted), and, once the pipe ends, the training process's files it never named (it
+    was killed while the pipe was full): nothing it handed over is left unread."""
+    incoming = messages(records_fd)
+    hello = next(incoming, None)
+    if hello is None or hello[0] != "hello":
+        return
+    yield hello
+    for message in incoming:
+        if message[0] == "handoff":
+            yield from _handoff(Path(message[1]))
+        else:
+            yield message
+    folder, pid = hello[1].get("handoff_dir"), hello[1].get("pid")
+    if folder is not None:
+        left = Path(folder).glob(f"handoff-{pid}-*.frames")
+        for path in sorted(left, key=lambda p: int(p.stem.rsplit("-", 1)[1])):
+            yield from _handoff(path)
+
+
+def _handoff(path: Path) -> Iterator[tuple[Any, ...]]:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        _log.warning("otel-rl: the delivery process cannot read %s (%s); its records are "
+                     "lost", path, exc)  # fmt: skip
+        return
+    try:
+        yield from frames(fd)  # a frame cut short by a kill, at its end, is not read
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+
+
 class Status:
     """JSON lines to the training process, from any thread."""
 
@@ -91,7 +127,7 @@ def unreadable(exporters: Sequence[Any], exc: Exception, warned: set[str]) -> No
 
 
 def serve(records_fd: int, status: Status) -> int:
-    incoming = frames(records_fd)
+    incoming = messages(records_fd)
     hello = next(incoming, None)
     if hello is None or hello[0] != "hello":
         return 2

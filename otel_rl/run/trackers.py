@@ -22,7 +22,13 @@ from otel_rl.core.redaction import Patterns, redact_nested
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.registry import enabled_backends, exporter_class
 from otel_rl.delivery.service_link import ServiceLink, ServiceTracker
-from otel_rl.delivery.spool import SpoolBusy, holder_of, spool_root, waiting_records
+from otel_rl.delivery.spool import (
+    SpoolBusy,
+    handoff_dir,
+    holder_of,
+    spool_root,
+    waiting_records,
+)
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, Part, stop_in_parallel
 from otel_rl.process.fork_safe_log import log as _log
 
@@ -54,9 +60,9 @@ class RunTrackers:
             self.link = ServiceLink(
                 [sys.executable, "-m", "otel_rl.run.service"],
                 [cls.name for cls in classes],
-                {"cfg": dict(cfg), "run_id": run_id, "cwd": os.getcwd()},
+                {"cfg": dict(cfg), "run_id": run_id, "cwd": os.getcwd(), "pid": os.getpid()},
                 options,
-                spooled=bool(cfg["export"]["spool"]),
+                handoff_dir=handoff_dir(self._log_dir) if cfg["export"]["spool"] else None,
             )
             self.exporters: list[Any] = list(self.link.trackers)
         else:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from otel_rl import ConfigError, Logger
-from otel_rl.delivery.spool import holder_of, spool_root
+from otel_rl.delivery.spool import handoff_dir, holder_of, spool_root
 from testkit.readers import jsonl_rows, tensorboard_scalars
 from tests.faults.fault_tracker import env_with_faultfile, read_rows, set_mode
 
@@ -270,15 +270,74 @@ def _stop_the_delivery_process(logger: Logger) -> int:
     return pid
 
 
-def test_a_delivery_process_that_stops_reading_never_holds_the_loop_longer_than_its_patience(
+def test_a_delivery_process_that_stops_reading_never_makes_the_loop_wait(tmp_path):
+    """SIGSTOP stands in for a delivery process far behind: what the pipe cannot take goes to
+    a handoff file, so no call waits for it and nothing is dropped; once it reads again, every
+    step arrives once, in order, and the file is gone."""
+    logger = Logger(_cfg(tmp_path))
+    logger.log_metrics({"x": 0.0}, step=0, step_finished=True)
+    assert logger.flush(30)
+    pid = _stop_the_delivery_process(logger)
+    try:
+        for step in range(1, 3001):  # ~6 MB: far more than the pipe holds
+            logger.log_metrics({"x": float(step), "pad": "p" * 2000}, step=step,
+                               step_finished=True)  # fmt: skip
+            if step % 1000 == 0:
+                time.sleep(0.1)  # the pusher hands the backlog to the file meanwhile
+        handoffs = list(handoff_dir(tmp_path / "logs").glob("handoff-*.frames"))
+        assert handoffs and sum(p.stat().st_size for p in handoffs) > 1 << 20
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    stats = logger.exporters[0].stats
+    assert (stats["waits"], stats["spool_waits"], logger.exporters[0].lost) == (0, 0, {})
+    assert logger.flush(60)
+    logger.finish()
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["x"]) for r in rows] == [(s, float(s)) for s in range(3001)]
+    assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
+
+
+def test_a_killed_training_process_loses_nothing_it_handed_to_a_file(tmp_path):
+    """SIGKILL while the delivery process is stopped and the frames it has not read are in
+    handoff files whose names never reached the pipe: once it runs again, it reads the pipe to
+    its end, then those files, and delivers every step once."""
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from otel_rl import Logger
+        logger = Logger({_cfg(tmp_path)!r})
+        child = logger.exporters[0].link.process.pid
+        print(child, flush=True)
+        os.kill(child, signal.SIGSTOP)
+        for step in range(2000):
+            logger.log_metrics({{"x": float(step), "pad": "p" * 2000}}, step=step,
+                               step_finished=True)
+        time.sleep(0.5)  # the pusher hands the backlog to the file meanwhile
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    child = int(done.stdout.split()[0])
+    assert list(handoff_dir(tmp_path / "logs").glob("handoff-*.frames"))
+    os.kill(child, signal.SIGCONT)
+    spool = next((spool_root(tmp_path / "logs") / "jsonl").iterdir())
+    _wait_released(spool)
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["x"]) for r in rows] == [(s, float(s)) for s in range(2000)]
+    assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
+
+
+def test_without_a_handoff_file_a_stopped_delivery_process_holds_one_call_at_most_its_patience(
     tmp_path, caplog,
 ):
-    """SIGSTOP stands in for a hung delivery process: one call waits at most the patience
-    (max(1 s, 2 x fsync_interval)), then the loop goes on, keeping ``queue_size`` records and
-    dropping older ones, counted; once the process reads again, every record kept arrives."""
+    """The handoff file cannot be written (a file stands where its folder goes): one call
+    waits at most the patience (max(1 s, 2 x fsync_interval)), then the loop goes on, keeping
+    ``queue_size`` records and dropping older ones, counted; once the process reads again,
+    every record kept arrives."""
     cfg = _cfg(tmp_path)
     cfg["export"] = {**cfg["export"], "queue_size": 200}
     logger = Logger(cfg)
+    handoff_dir(tmp_path / "logs").write_text("not a folder")
     logger.log_metrics({"x": 0.0}, step=0, step_finished=True)
     assert logger.flush(30)
     pid = _stop_the_delivery_process(logger)
@@ -297,6 +356,7 @@ def test_a_delivery_process_that_stops_reading_never_holds_the_loop_longer_than_
         assert logger.flush(60)
         logger.finish()
     said = [r.getMessage() for r in caplog.records]
+    assert sum("handoff file cannot be written" in m for m in said) == 1, said
     started = [i for i, m in enumerate(said) if "has not kept up for 1.0 s" in m]
     ended = [i for i, m in enumerate(said) if "has caught up again" in m]
     assert len(started) == 1 and len(ended) == 1 and started[0] < ended[0], said
