@@ -42,8 +42,9 @@ import signal
 import subprocess
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,9 @@ __all__ = ["ServiceLink", "ServiceTracker", "apply_to_tracker", "decode_record_f
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe holds a few hundred steps before the backlog is used
 _PIPE_SIZE = 1 << 20
 _IOV_MAX = 512  # buffers per writev (Linux allows 1024)
+# A backlog entry: (frame, the trackers it is for, when it was sent).
+_FRAME, _TRACKERS, _SENT_AT = itemgetter(0), itemgetter(1), itemgetter(2)
+_Buffer = bytes | memoryview
 
 
 class _PlainPickler(pickle.Pickler):
@@ -109,12 +113,12 @@ def decode_record_frame(body: bytes) -> Record:
     return Record.kinds[kind].decode(encoded)
 
 
-def _atomic_run(frames: deque[memoryview]) -> list[memoryview]:
+def _atomic_run(frames: deque[_Buffer]) -> list[_Buffer]:
     """The first frames, up to ``PIPE_BUF`` bytes in all (or the first alone): a pipe takes
     such a write whole or not at all, so it never ends inside a frame when the frames after
     it go to a handoff file. Only a frame larger than that can be cut by a full pipe; the
     handoff then waits until the pipe has taken the rest of it."""
-    run: list[memoryview] = []
+    run: list[_Buffer] = []
     size = 0
     for frame in itertools.islice(frames, _IOV_MAX):
         size += len(frame)
@@ -348,16 +352,20 @@ class ServiceLink:
             with self._cond:
                 while not (self._backlog or self._diverted or self.dead or self._ended):
                     self._cond.wait()
+                if self._diverted and not self._backlog and not self.dead:
+                    self._cond.wait(0.02)  # for the pipe to take the file's name, or a frame
                 if self.dead or not (self._backlog or self._diverted):
                     return
-                frames = deque(memoryview(frame) for frame, _, _ in self._backlog)
-                times = deque(sent for _, _, sent in self._backlog)
-                taken = [names for _, names, _ in self._backlog]
-                self._pushing_since = times[0] if times else time.monotonic()
+                # A few hundred frames at a time: every step of a round is then short, and
+                # none holds the GIL or this lock long while the training thread waits for it.
+                backlog = self._backlog
+                batch = [backlog.popleft() for _ in range(min(len(backlog), _IOV_MAX))]
+                self._backlog_records -= sum(bool(names) for _, names, _ in batch)
+                self._pushing_since = batch[0][2] if batch else time.monotonic()
                 cut, self._head_cut = self._head_cut, False
-                self._backlog.clear()
-                self._backlog_records = 0
                 self._pushing = True
+            frames: deque[_Buffer] = deque(map(_FRAME, batch))
+            times = deque(map(_SENT_AT, batch))
             pushed = len(frames)
             try:
                 if not self._diverted:
@@ -371,13 +379,15 @@ class ServiceLink:
                 with self._cond:
                     self.dead = True
             pushed -= len(frames)
+            taken = Counter(map(_TRACKERS, itertools.islice(batch, pushed)))
+            left = Counter(map(_TRACKERS, itertools.islice(batch, pushed, None)))
             with self._cond:
-                for names in taken[:pushed]:
+                for names, count in taken.items():
                     for name in names:
-                        self._sent[name] += 1
+                        self._sent[name] += count
                 if frames:  # the child is gone, or the run ended before it took them
-                    for names in taken[pushed:]:
-                        self._count("delivery_process", names)
+                    for names, count in left.items():
+                        self._count("delivery_process", names, count)
                 elif self._unresponsive and not self._backlog:
                     # Caught up with everything: the crash promise holds again from here on.
                     self._unresponsive = False
@@ -386,7 +396,7 @@ class ServiceLink:
                 self._cond.notify_all()
 
     def _to_pipe(
-        self, frames: deque[memoryview], times: deque[float], poller: Any, *,
+        self, frames: deque[_Buffer], times: deque[float], poller: Any, *,
         handoff: bool = True, cut: bool = False,
     ) -> None:  # fmt: skip
         """Write ``frames`` to the pipe; stops at a frame's boundary, leaving the rest in
@@ -408,11 +418,11 @@ class ServiceLink:
                 times.popleft()
             whole = not written
             if written:
-                frames[0] = frames[0][written:]
+                frames[0] = memoryview(frames[0])[written:]
             if times:
                 self._pushing_since = times[0]
 
-    def _to_handoff(self, frames: deque[memoryview]) -> bool:
+    def _to_handoff(self, frames: deque[_Buffer]) -> bool:
         """Append ``frames`` to the handoff file (opened for the first); False, and nothing
         written, when it cannot be (the handoff is then off for the run, with one warning)."""
         assert self._handoff_dir is not None
@@ -435,7 +445,7 @@ class ServiceLink:
                 while written and written >= len(frames[0]):
                     written -= len(frames.popleft())
                 if written:
-                    frames[0] = frames[0][written:]
+                    frames[0] = memoryview(frames[0])[written:]
         except OSError as exc:  # a full disk: the frames go by the pipe, the file is cut back
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, size)
@@ -456,12 +466,12 @@ class ServiceLink:
         path, fd = self._handoff
         frame = _frame("handoff", str(path))
         while not self.dead:
-            poller.poll(100 if wait else 20)  # not a busy loop while the pipe stays full
             try:
                 os.write(self._out, frame)
             except BlockingIOError:
                 if not wait:
                     return
+                poller.poll(100)
                 continue
             break
         os.close(fd)

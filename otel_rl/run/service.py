@@ -61,7 +61,7 @@ def messages(records_fd: int) -> Iterator[tuple[Any, ...]]:
     """The messages of the records pipe, with the handoff files it names read in their place
     (then deleted), and, once the pipe ends, the training process's files it never named (it
     was killed while the pipe was full): nothing it handed over is left unread."""
-    incoming = messages(records_fd)
+    incoming = frames(records_fd)
     hello = next(incoming, None)
     if hello is None or hello[0] != "hello":
         return
@@ -198,6 +198,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     # process go first (the delivery catches up whenever training waits on anything).
     with contextlib.suppress(OSError):
         os.nice(_NICENESS)
+    # This process leads a session of its own: where the kernel groups the tasks of a session
+    # (autogroup), a task's nice value counts only inside its group, and the group's does
+    # between groups: the group's is lowered too.
+    with contextlib.suppress(OSError):
+        Path("/proc/self/autogroup").write_text(str(_NICENESS))
     code = serve(int(args[0]), Status(int(args[1])))
     sys.stdout.flush()
     sys.stderr.flush()

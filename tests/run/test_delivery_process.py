@@ -314,10 +314,12 @@ def test_a_killed_training_process_loses_nothing_it_handed_to_a_file(tmp_path):
         time.sleep(0.5)  # the pusher hands the backlog to the file meanwhile
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    child = int(done.stdout.split()[0])
+    out = tmp_path / "out.txt"  # not a pipe: the stopped delivery process holds its copy
+    with out.open("w") as sink:
+        done = subprocess.run([sys.executable, "-c", script], stdout=sink, stderr=sink,
+                              timeout=120)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, out.read_text()
+    child = int(out.read_text().split()[0])
     assert list(handoff_dir(tmp_path / "logs").glob("handoff-*.frames"))
     os.kill(child, signal.SIGCONT)
     spool = next((spool_root(tmp_path / "logs") / "jsonl").iterdir())
