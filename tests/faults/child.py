@@ -4,13 +4,16 @@ It logs the steps of :mod:`tests.faults.plan` through a real ``Logger`` and, rig
 last ``log_metrics`` call of each step returns, writes ``"<step> <time.monotonic()>"`` to stdout
 (line-buffered; CLOCK_MONOTONIC is system-wide on Linux, so the parent compares it with its own
 kill time). Other lines: ``R <t>`` once the Logger is built, ``F <t>`` as ``finish()`` starts,
-``D <t>`` when it returned.
+``D <t>`` when it returned, ``P <pid>`` the delivery process it stops for a while.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import sys
+import threading
 import time
 
 from otel_rl import Logger
@@ -23,6 +26,14 @@ def main(argv: list[str]) -> int:
     rng = random.Random(f"{plan.seed}:child")
     logger = Logger(plan.logger_config())
     print(f"R {time.monotonic()}")
+    if plan.pause_delivery is not None:
+        pid = logger.exporters[0].link.process.pid
+        print(f"P {pid}")  # the parent lets it go on after a kill of this process
+        start, seconds = plan.pause_delivery
+        for delay, sig in ((start, signal.SIGSTOP), (start + seconds, signal.SIGCONT)):
+            timer = threading.Timer(delay, os.kill, (pid, sig))
+            timer.daemon = True
+            timer.start()
     started = time.monotonic()
     step = 0
     while time.monotonic() - started < plan.max_seconds:

@@ -8,6 +8,7 @@ replay.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -75,7 +76,7 @@ class _ChildOutput:
         self._thread.start()
 
     def _read(self, stream: Any) -> None:
-        events = {"R": self.ready, "F": self.finishing, "D": self.finished}
+        events = {"R": self.ready, "F": self.finishing, "D": self.finished, "P": None}
         for line in stream:
             parts = line.split()
             if len(parts) != 2:
@@ -85,7 +86,9 @@ class _ChildOutput:
                 when = float(at)
                 if tag in events:
                     self.marks[tag] = when
-                    events[tag].set()
+                    event = events[tag]
+                    if event is not None:
+                        event.set()
                 else:
                     self.returned[int(tag)] = when
             except ValueError:
@@ -208,9 +211,13 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
             child.kill()
             child.wait(30)
 
+    if "P" in out.marks:  # stopped by the child, which was killed before it let it go on
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(out.marks["P"]), signal.SIGCONT)
     if plan.delivery == "process":
         # The delivery process outlives a killed training process: it delivers what the pipe
-        # held, closes the run, then lets go of the spools (never later than the timeout).
+        # and its handoff files held, closes the run, then lets go of the spools (never later
+        # than the timeout).
         held = _wait_spools_released(log_dir, h.shutdown_timeout + 15)
         if held:
             findings.append(Finding("delivery", "release", [], f"still held: {held}"))
@@ -361,6 +368,7 @@ class RunSummary:
     damaged_spools: int = 0  # iterations with spool bytes overwritten before the replay
     damaged_steps: int = 0  # steps whose spool lines were damaged (may be lost, never doubled)
     delivery_process: int = 0  # iterations whose trackers ran in the delivery process
+    delivery_paused: int = 0  # ... which was stopped for a while before a SIGKILL
     per_tracker: dict[str, Counts] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)  # one line per iteration
@@ -383,6 +391,7 @@ class RunSummary:
         self.damaged_spools += plan.corrupt is not None
         self.damaged_steps += result.damaged_steps
         self.delivery_process += plan.delivery == "process"
+        self.delivery_paused += plan.pause_delivery is not None
         for tracker, counts in result.counts.items():
             self.per_tracker.setdefault(tracker, Counts())
             self.per_tracker[tracker] += counts
@@ -412,6 +421,7 @@ class RunSummary:
             "damaged_spools": self.damaged_spools,
             "damaged_steps": self.damaged_steps,
             "delivery_process": self.delivery_process,
+            "delivery_paused": self.delivery_paused,
             "rows_expected": self.total.expected,
             "rows_delivered": self.total.delivered,
             "expected_rows_delivered": self.total.expected_delivered,

@@ -54,6 +54,9 @@ class ChildPlan:
     mlflow: dict[str, str] | None = None  # {"tracking_uri", "experiment_name"}
     max_seconds: float = 60.0  # a child nobody kills ends on its own
     delivery: str = "thread"  # export.delivery: the trackers in threads or a delivery process
+    # [start, seconds]: the delivery process is stopped (SIGSTOP) that long, that many seconds
+    # after the Logger is ready, so that what the pipe cannot take goes to handoff files.
+    pause_delivery: list[float] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -109,6 +112,10 @@ class IterationPlan:
     replay_during_run: bool = False
     corrupt: str | None = None
     delivery: str = "thread"  # "process": the trackers run in the delivery process
+    # [start, seconds] of a stopped delivery process (only before a SIGKILL in the loop: a
+    # finish() whose deadline passes while it is stopped loses what it had not read, by
+    # design, counted).
+    pause_delivery: list[float] | None = None
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -131,6 +138,9 @@ class IterationPlan:
             seat.append(f"{self.corrupt} spool damaged")
         if self.delivery != "thread":
             seat.append(f"delivery {self.delivery}")
+        if self.pause_delivery is not None:
+            start, seconds = self.pause_delivery
+            seat.append(f"delivery process stopped {start:.2f}s..{start + seconds:.2f}s")
         operator = f", {', '.join(seat)}" if seat else ""
         return (
             f"seed={self.seed} kill={self.kill_point}/{self.signal}@{self.kill_delay:.3f}s "
@@ -159,7 +169,7 @@ def make_plan(
     outage_start = rng.choice([0.0, rng.uniform(0.0, 1.0)])
     outage_end = rng.choice([None, outage_start + rng.uniform(0.2, 1.5)])
     replay_kill = rng.random() < 0.4
-    return IterationPlan(
+    plan = IterationPlan(
         seed=seed,
         kill_point=kill_point,
         signal=signal,
@@ -184,3 +194,9 @@ def make_plan(
         # Drawn last: the plans of a seed drawn before this dimension existed stay the same.
         delivery="process" if rng.random() < 0.3 else "thread",
     )
+    if plan.delivery == "process" and signal == "SIGKILL" and kill_point != "finish" and (
+        rng.random() < 0.6
+    ):
+        start = rng.uniform(0.0, 1.0)
+        plan.pause_delivery = [start, rng.uniform(0.3, 2.0)]
+    return plan
