@@ -9,13 +9,17 @@ exactly-once marks exactly as in-process; this process keeps no delivery thread 
 records. The training thread pickles each record once (a step: its rows, ~4 µs for 100 keys)
 and writes the frame to a pipe without blocking. What the pipe cannot take at once waits as
 bytes (which the garbage collector never walks) for a pusher thread that writes it while the
-training thread goes on. That backlog holds at most ``export.queue_size`` records (then
-``export.on_full`` applies) and, with a spool, none older than half ``fsync_interval`` (the
-crash promise: the caller waits); no call waits longer than max(1 s, 2 x ``fsync_interval``),
-and a child that has not kept up by then is not waited for again until it has caught up.
+training thread goes on; with a spool, what has waited a quarter of ``fsync_interval`` goes to
+a handoff file instead (see :meth:`ServiceLink._push`), so a child that is behind never makes
+the caller wait. Without a handoff file, the backlog holds at most ``export.queue_size``
+records (then ``export.on_full`` applies) and, with a spool, none older than half
+``fsync_interval`` (the crash promise: the caller waits); no call waits longer than max(1 s,
+2 x ``fsync_interval``), and a child that has not kept up by then is not waited for again until
+it has caught up.
 
-A record written to the pipe survives this process: if it is killed, the child still reads
-what the pipe holds, delivers it and closes the trackers as killed (exit code 137). The child
+A record written to the pipe or a handoff file survives this process: if it is killed, the
+child still reads what the pipe holds and then the files, delivers it and closes the trackers
+as killed (exit code 137). The child
 ignores SIGINT and SIGTERM and runs in a session of its own (a terminal's Ctrl-C reaches only
 the training process, which then ends the run); :meth:`ServiceLink.finish` tells it the exit
 code and the deadline, and kills it if it is still closing a second after that deadline (what it
@@ -23,9 +27,10 @@ had not delivered is in its spools, for ``otel-rl replay``).
 
 Frames are a 4-byte big-endian length and a pickle: ``("hello", settings)``, ``("rec", names,
 pickled record)`` (pickled apart, so that a record the child cannot read costs only itself),
-``("flush", id, seconds)``, ``("end", exit_code, seconds)``. The child answers on a second
-pipe with JSON lines: ``started`` or ``error`` once, then ``stats`` every quarter second,
-``flushed`` and ``finished``.
+``("flush", id, seconds)``, ``("end", exit_code, seconds)``, ``("setup", tracker, function)``,
+``("handoff", path)`` (read the frames in that file here, then delete it). The child answers
+on a second pipe with JSON lines: ``started`` or ``error`` once, then ``stats`` every quarter
+second, ``flushed`` and ``finished``.
 """
 
 from __future__ import annotations
