@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import re
 import struct
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,8 @@ HPARAMS_START_TAG = "_hparams_/session_start_info"
 HPARAMS_END_TAG = "_hparams_/session_end_info"
 _HPARAMS_PLUGIN = "hparams"
 _HPARAMS_DATA_VERSION = 0
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def hparams_start_value(params: Mapping[str, Any], start_time: float) -> Any:
@@ -37,7 +40,7 @@ def hparams_start_value(params: Mapping[str, Any], start_time: float) -> Any:
         elif isinstance(value, (int, float)) and math.isfinite(float(value)):
             slot.number_value = float(value)
         else:
-            slot.string_value = value if isinstance(value, str) else repr(value)
+            slot.string_value = utf8(value if isinstance(value, str) else repr(value)).decode()
     return _hparams_value(HPARAMS_START_TAG, plugin_data_pb2.HParamsPluginData(
         version=_HPARAMS_DATA_VERSION, session_start_info=info
     ))
@@ -101,8 +104,17 @@ def text_value(tag: str, text: str) -> Any:
         metadata=summary_pb2.SummaryMetadata(
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text")
         ),
-        tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[text.encode("utf-8")]),
+        tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[utf8(text)]),
     )
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (``"\\ud800"``, as bytes decoded with
+    ``surrogateescape`` leave) becomes U+FFFD instead of costing the whole event."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATES.sub("\ufffd", text).encode("utf-8")
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -85,6 +85,7 @@ class Intake:
                 watch.stamp(step, fresh)
             new = fresh.keys() - self._known
             if new:
+                self._refuse_unstorable(new, fresh)
                 self._register(new, fresh)
                 if watch is not None:
                     watch.new_keys(step, fresh, new)
@@ -140,6 +141,18 @@ class Intake:
         except MetricError as exc:
             self._report(exc.key, exc.reason)  # raises in strict mode
             return None
+
+    def _refuse_unstorable(self, new: set[str], fresh: dict[str, Any]) -> None:
+        """Leave out (reported) a new key that no tracker can store: one with a lone surrogate
+        (``"\\udc80"``, from bytes decoded with ``surrogateescape``), which is no UTF-8."""
+        for key in [k for k in new if not k.isascii()]:
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                new.discard(key)
+                del fresh[key]
+                self._report(key, "key skipped: it holds a lone surrogate, which no "
+                             "tracker can store (decode its bytes with errors='replace')")
 
     def _register(self, new: set[str], fresh: Mapping[str, Any]) -> None:
         for key in new:

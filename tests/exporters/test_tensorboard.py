@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from otel_rl import Logger
-from testkit.readers import tensorboard_accumulator, tensorboard_scalars
+from testkit.readers import jsonl_rows, tensorboard_accumulator, tensorboard_scalars
 
 
 def f32(x: float) -> float:
@@ -81,3 +81,25 @@ def test_many_keys_and_steps_are_not_capped(log_dir):
     scalars = tensorboard_scalars(log_dir / "tensorboard")
     assert set(keys) <= set(scalars)
     assert dict(scalars["k119"]) == {s: f32(119.0 * s) for s in range(50)}
+
+
+def test_a_lone_surrogate_costs_only_its_key_and_a_text_keeps_its_row(tmp_path, otel_rl_warnings):
+    """Bytes decoded with ``surrogateescape`` leave lone surrogates, which no UTF-8 holds. A key
+    with one is left out, reported; a text value with one reaches TensorBoard with U+FFFD in its
+    place, and the rest of its row arrives (before, TensorBoard refused the whole row)."""
+    cfg = {"log_dir": str(tmp_path), "tensorboard_enabled": True, "jsonl_enabled": True}
+    with Logger(cfg) as logger:
+        logger.log_metrics({"loss": 0.5, "note": "file \udc80.txt", "bad\udc80key": 1.0}, step=3)
+        logger.log_metrics({"loss": 0.25}, step=4)
+    acc = tensorboard_accumulator(tmp_path / "tensorboard")
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(3, 0.5), (4, 0.25)]
+    assert [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors("note")] == [
+        (3, "file \ufffd.txt")
+    ]
+    assert not any("bad" in tag for tag in acc.Tags()["scalars"])
+    rows = jsonl_rows(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]) for r in rows] == [
+        (3, {"loss": 0.5, "note": "file \udc80.txt"}), (4, {"loss": 0.25})
+    ]
+    said = otel_rl_warnings.messages
+    assert any("'bad\\udc80key'" in m and "lone surrogate" in m for m in said), said
