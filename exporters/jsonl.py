@@ -41,7 +41,7 @@ class JsonlExporter(TrackerExporter):
     def __init__(
         self, path: str | os.PathLike[str], run_id: str | None = None, **kwargs: Any
     ) -> None:
-        self.path = Path(path)
+        self.path = Path(path).absolute()  # where it is now, whatever the script's cwd later
         #: Written in every row; ``None`` leaves the field out.
         self.run_id = None if run_id is None else str(run_id)
         self._file: Any = None

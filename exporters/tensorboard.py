@@ -41,7 +41,7 @@ class TensorBoardExporter(TrackerExporter):
     requires: ClassVar[tuple[str, ...]] = ("tensorboard",)
 
     def __init__(self, log_dir: str | os.PathLike[str], **kwargs: Any) -> None:
-        self.log_dir = Path(log_dir)
+        self.log_dir = Path(log_dir).absolute()  # where it is now, whatever the cwd later
         self._file: Any = None
         self._pb: Any = None
         self._crc: Any = None

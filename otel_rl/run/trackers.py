@@ -48,7 +48,8 @@ class RunTrackers:
     ) -> None:
         self._cfg = cfg
         self._run_id = run_id
-        self._log_dir = Path(cfg["log_dir"])
+        # The spools stay where log_dir is now, whatever the script's directory later.
+        self._log_dir = Path(cfg["log_dir"]).absolute()
         self._options = options
         self._redaction = redaction
         classes = [exporter_class(name) for name in enabled_backends(cfg)]
@@ -145,7 +146,7 @@ class RunTrackers:
             "spool_dir": self._spool_dir_of(spool_root(self._log_dir) / folder, tracker),
             "spool_meta": {
                 "run_id": self._run_id,
-                "log_dir": str(self._log_dir),
+                "log_dir": str(self._cfg["log_dir"]),  # as given: replay follows a moved one
                 # Relative paths of the config start here (``otel-rl replay`` runs there).
                 "cwd": os.getcwd(),
                 "config": redact_nested(self._cfg, extra_patterns=self._redaction),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -224,3 +225,25 @@ def test_backwards_steps_warn_once_then_count(log_dir, otel_rl_warnings):
     assert sum("jsonl: step went backwards" in m for m in warnings) == 1  # each tracker, once
     assert sum("went backwards" in m for m in warnings) == 2
     assert [r["step"] for r in jsonl_rows(log_dir / "metrics.jsonl")] == [5, 1, 6, 2, 7, 3]
+
+
+def test_changing_directory_after_logger_keeps_every_output_where_the_config_meant(
+    tmp_path, monkeypatch
+):
+    """Relative paths of the config are taken from the directory ``Logger()`` ran in: a script
+    that changes directory afterwards (a launcher moving into a run folder) still finds its
+    rows, event files and spool there (before, trackers opened on their own thread later wrote
+    under the new directory)."""
+    monkeypatch.chdir(tmp_path)
+    logger = Logger({"log_dir": "logs", "jsonl_enabled": True, "tensorboard_enabled": True,
+                     "tensorboard": {"log_dir": "tb"}})  # fmt: skip
+    (tmp_path / "elsewhere").mkdir()
+    os.chdir(tmp_path / "elsewhere")
+    for step in range(3):
+        logger.log_metrics({"loss": float(step)}, step=step)
+    logger.finish()
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 2.0)]
+    assert tensorboard_scalars(tmp_path / "tb")["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0)]
+    assert (tmp_path / "logs" / ".otel-rl" / "spool").is_dir()
+    assert list((tmp_path / "elsewhere").iterdir()) == []
