@@ -373,13 +373,15 @@ class ServiceLink:
             times = deque(map(_SENT_AT, batch))
             pushed = len(frames)
             try:
+                if self._diverted and self._handoff_dir is None:
+                    self._announce(poller, wait=True)  # the file failed: the pipe from here on
                 if not self._diverted:
                     self._to_pipe(frames, times, poller, cut=cut)
                 if frames and not self.dead and not self._to_handoff(frames):
-                    self._announce(poller, wait=True)  # the file failed: back to the pipe
+                    self._announce(poller, wait=True)
                     self._to_pipe(frames, times, poller, handoff=False)
                 if self._diverted:
-                    self._announce(poller, wait=not self._handoff_dir)
+                    self._announce(poller, wait=self._handoff_dir is None)
             except OSError:
                 with self._cond:
                     self.dead = True
@@ -444,17 +446,19 @@ class ServiceLink:
                 self._diverted = True
         path, fd = self._handoff
         size = os.fstat(fd).st_size
+        left = deque(frames)  # ``frames`` stays whole until all of it is in the file
         try:
-            while frames:
-                written = os.writev(fd, list(itertools.islice(frames, _IOV_MAX)))
-                while written and written >= len(frames[0]):
-                    written -= len(frames.popleft())
+            while left:
+                written = os.writev(fd, list(itertools.islice(left, _IOV_MAX)))
+                while written and written >= len(left[0]):
+                    written -= len(left.popleft())
                 if written:
-                    frames[0] = memoryview(frames[0])[written:]
+                    left[0] = memoryview(left[0])[written:]
         except OSError as exc:  # a full disk: the frames go by the pipe, the file is cut back
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, size)
             return self._handoff_failed(exc)
+        frames.clear()
         return True
 
     def _handoff_failed(self, exc: OSError) -> bool:
@@ -603,6 +607,10 @@ class ServiceLink:
                 self._cond.notify_all()
                 while self._pushing:
                     self._cond.wait(0.05)
+            if self._handoff is not None:  # never named in the pipe: the child reads it at EOF
+                with contextlib.suppress(OSError):
+                    os.close(self._handoff[1])
+                self._handoff = None
             with contextlib.suppress(OSError):
                 os.close(self._out)
         # The child gives up at the deadline plus half the grace second; what is left of it

@@ -66,14 +66,16 @@ def messages(records_fd: int) -> Iterator[tuple[Any, ...]]:
     if hello is None or hello[0] != "hello":
         return
     yield hello
+    read: set[str] = set()
     for message in incoming:
         if message[0] == "handoff":
+            read.add(message[1])
             yield from _handoff(Path(message[1]))
         else:
             yield message
     folder, pid = hello[1].get("handoff_dir"), hello[1].get("pid")
     if folder is not None:
-        left = Path(folder).glob(f"handoff-{pid}-*.frames")
+        left = [p for p in Path(folder).glob(f"handoff-{pid}-*.frames") if str(p) not in read]
         for path in sorted(left, key=lambda p: int(p.stem.rsplit("-", 1)[1])):
             yield from _handoff(path)
 

@@ -7,6 +7,7 @@ where a tracker must hang or fail on demand (no real tracker SDK does; see
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -390,3 +391,44 @@ def test_records_still_in_the_pipe_when_finish_gives_up_are_counted_lost(tmp_pat
     assert not any("exited (code" in m for m in messages), messages
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(10))
+
+
+def test_a_handoff_file_that_fills_its_disk_loses_nothing_uncounted_and_sends_nothing_twice(
+    tmp_path,
+):
+    """The disk fills while frames go to a handoff file (a file-size limit of 600 kB on the
+    training process stands in for it): the file is cut back to its last whole write, one
+    warning says so, the frames go by the pipe after it, and the loop waits for the delivery
+    process as it would without a handoff file. Every step arrives once, in order, or is
+    counted lost."""
+    script = textwrap.dedent(f"""
+        import json, os, resource, signal, time
+        from otel_rl import Logger
+        cfg = {_cfg(tmp_path)!r}
+        cfg["export"]["queue_size"] = 500
+        logger = Logger(cfg)
+        child = logger.exporters[0].link.process.pid
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (600_000, 600_000))
+        os.kill(child, signal.SIGSTOP)
+        threading = __import__("threading")
+        threading.Timer(3.0, os.kill, (child, signal.SIGCONT)).start()
+        for step in range(3000):
+            logger.log_metrics({{"x": float(step), "pad": "p" * 2000}}, step=step,
+                               step_finished=True)
+        assert logger.flush(60)
+        logger.finish()
+        print(json.dumps(logger.exporters[0].lost))
+    """)
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:
+        done = subprocess.run([sys.executable, "-c", script], stdout=sink, stderr=sink,
+                              timeout=180)  # fmt: skip
+    text = out.read_text()
+    assert done.returncode == 0, text
+    lost = json.loads(text.strip().splitlines()[-1])
+    assert text.count("handoff file cannot be written") == 1, text
+    steps = [r["step"] for r in jsonl_rows(tmp_path / "logs" / "metrics.jsonl")]
+    assert steps == sorted(set(steps)) and steps[-1] == 2999
+    assert len(steps) + lost.get("queue_full", 0) == 3000, (len(steps), lost)
+    assert set(lost) <= {"queue_full"}
