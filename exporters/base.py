@@ -132,9 +132,8 @@ class TrackerExporter(MetricExporter):
         self, options: ExportOptions | None = None, *, redaction: Patterns | None = None,
         spool_dir: os.PathLike[str] | str | None = None, spool_meta: Mapping[str, Any] | None = None
     ) -> None:  # fmt: skip
-        """Set how this exporter delivers (the run's ``export.*`` options, its spool folder and
-        the run's metadata) and the run's extra redaction patterns, before :meth:`start`. A
-        Logger attaches every exporter it is given."""
+        """Set how this exporter delivers (the run's ``export.*`` options, spool folder and
+        metadata) and the run's extra redaction patterns, before :meth:`start`."""
         self._channel.attach(options, spool_dir, spool_meta)
         if redaction is not None:
             self.redact_own_config(redaction)
