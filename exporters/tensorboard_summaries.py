@@ -34,7 +34,7 @@ def hparams_start_value(params: Mapping[str, Any], start_time: float) -> Any:
 
     info = plugin_data_pb2.SessionStartInfo(group_name="", start_time_secs=start_time)
     for key, value in params.items():
-        slot = info.hparams[str(key)]
+        slot = info.hparams[utf8(str(key)).decode()]
         if isinstance(value, bool):
             slot.bool_value = value
         elif isinstance(value, (int, float)) and math.isfinite(float(value)):

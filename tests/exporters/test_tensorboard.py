@@ -86,9 +86,12 @@ def test_many_keys_and_steps_are_not_capped(log_dir):
 def test_a_lone_surrogate_costs_only_its_key_and_a_text_keeps_its_row(tmp_path, otel_rl_warnings):
     """Bytes decoded with ``surrogateescape`` leave lone surrogates, which no UTF-8 holds. A key
     with one is left out, reported; a text value with one reaches TensorBoard with U+FFFD in its
-    place, and the rest of its row arrives (before, TensorBoard refused the whole row)."""
+    place, and the rest of its row arrives (before, TensorBoard refused the whole row); in a
+    hyperparameter's name or value it is shown as U+FFFD too (before, TensorBoard refused the
+    hyperparameters and every row written after them)."""
     cfg = {"log_dir": str(tmp_path), "tensorboard_enabled": True, "jsonl_enabled": True}
     with Logger(cfg) as logger:
+        logger.log_hyperparams({"lr": 0.1, "data\udc80": "x\udc80"})
         logger.log_metrics({"loss": 0.5, "note": "file \udc80.txt", "bad\udc80key": 1.0}, step=3)
         logger.log_metrics({"loss": 0.25}, step=4)
     acc = tensorboard_accumulator(tmp_path / "tensorboard")
