@@ -44,7 +44,9 @@ import os
 import pickle
 import select
 import signal
+import struct
 import subprocess
+import termios
 import threading
 import time
 from collections import Counter, deque
@@ -65,6 +67,8 @@ from otel_rl.process.fork_safe_log import log as _log
 __all__ = ["ServiceLink", "ServiceTracker", "apply_to_tracker", "decode_record_frame"]
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe holds a few hundred steps before the backlog is used
+_F_GETPIPE_SZ = 1032
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 _PIPE_SIZE = 1 << 20
 _IOV_MAX = 512  # buffers per writev (Linux allows 1024)
 # A backlog entry: (frame, the trackers it is for, when it was sent).
@@ -227,6 +231,10 @@ class ServiceLink:
             os.close(records_r)
             os.close(status_w)
         self._out = records_w
+        try:
+            self._pipe_pages = fcntl.fcntl(records_w, _F_GETPIPE_SZ) // _PAGE
+        except OSError:
+            self._pipe_pages = 16  # Linux's default pipe: 64 KiB
         self._status = os.fdopen(status_r, "rb")
         threading.Thread(target=self._read_status, name="otel-rl-delivery-status",
                          daemon=True).start()  # fmt: skip
@@ -255,7 +263,10 @@ class ServiceLink:
             if self.dead or self._ended:
                 self._count("delivery_process", names)
                 return
-            if not self._backlog and not self._pushing and not self._diverted:
+            if (
+                not self._backlog and not self._pushing and not self._diverted
+                and self._fits_whole(len(frame))
+            ):  # fmt: skip
                 try:
                     written = os.write(self._out, frame)
                 except BlockingIOError:
@@ -415,6 +426,9 @@ class ServiceLink:
             if handoff and whole and time.monotonic() - times[0] > self._handoff_after:
                 return
             poller.poll(20 if handoff else 100)
+            if handoff and whole and not self._fits_whole(len(frames[0])):
+                time.sleep(0.005)  # a large frame waits for room for all of it, or for the file
+                continue
             try:
                 written = os.writev(self._out, _atomic_run(frames) if handoff else
                                     list(itertools.islice(frames, _IOV_MAX)))  # fmt: skip
@@ -428,6 +442,18 @@ class ServiceLink:
                 frames[0] = memoryview(frames[0])[written:]
             if times:
                 self._pushing_since = times[0]
+
+    def _fits_whole(self, size: int) -> bool:
+        """Whether the pipe has room for a write of ``size`` bytes. One of ``PIPE_BUF`` bytes or
+        less goes whole or not at all; a larger one could go in part, and its rest would then
+        wait for the child however far behind it is, with every frame after it (a handoff file
+        can start only between frames). The pipe is reckoned in pages as the kernel keeps it,
+        each at least half full, so a write that fits by this count goes whole."""
+        if size <= select.PIPE_BUF or self._handoff_dir is None:
+            return True
+        queued: int = struct.unpack("i", fcntl.ioctl(self._out, termios.FIONREAD, b"\0" * 4))[0]
+        free_pages = self._pipe_pages - 2 * -(-queued // _PAGE) - 1
+        return size <= free_pages * _PAGE
 
     def _to_handoff(self, frames: deque[_Buffer]) -> bool:
         """Append ``frames`` to the handoff file (opened for the first); False, and nothing

@@ -271,17 +271,20 @@ def _stop_the_delivery_process(logger: Logger) -> int:
     return pid
 
 
-def test_a_delivery_process_that_stops_reading_never_makes_the_loop_wait(tmp_path):
+@pytest.mark.parametrize("pad", [2000, 6000], ids=["rows-under-PIPE_BUF", "rows-over-PIPE_BUF"])
+def test_a_delivery_process_that_stops_reading_never_makes_the_loop_wait(tmp_path, pad):
     """SIGSTOP stands in for a delivery process far behind: what the pipe cannot take goes to
     a handoff file, so no call waits for it and nothing is dropped; once it reads again, every
-    step arrives once, in order, and the file is gone."""
+    step arrives once, in order, and the file is gone. Rows larger than a pipe takes whole in
+    one write (``PIPE_BUF``, 4 KiB) too: a row the pipe took in part used to hold every later
+    one back."""
     logger = Logger(_cfg(tmp_path))
     logger.log_metrics({"x": 0.0}, step=0, step_finished=True)
     assert logger.flush(30)
     pid = _stop_the_delivery_process(logger)
     try:
         for step in range(1, 3001):  # ~6 MB: far more than the pipe holds
-            logger.log_metrics({"x": float(step), "pad": "p" * 2000}, step=step,
+            logger.log_metrics({"x": float(step), "pad": "p" * pad}, step=step,
                                step_finished=True)  # fmt: skip
             if step % 1000 == 0:
                 time.sleep(0.1)  # the pusher hands the backlog to the file meanwhile
@@ -298,7 +301,8 @@ def test_a_delivery_process_that_stops_reading_never_makes_the_loop_wait(tmp_pat
     assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
 
 
-def test_a_killed_training_process_loses_nothing_it_handed_to_a_file(tmp_path):
+@pytest.mark.parametrize("pad", [2000, 6000], ids=["rows-under-PIPE_BUF", "rows-over-PIPE_BUF"])
+def test_a_killed_training_process_loses_nothing_it_handed_to_a_file(tmp_path, pad):
     """SIGKILL while the delivery process is stopped and the frames it has not read are in
     handoff files whose names never reached the pipe: once it runs again, it reads the pipe to
     its end, then those files, and delivers every step once."""
@@ -310,7 +314,7 @@ def test_a_killed_training_process_loses_nothing_it_handed_to_a_file(tmp_path):
         print(child, flush=True)
         os.kill(child, signal.SIGSTOP)
         for step in range(2000):
-            logger.log_metrics({{"x": float(step), "pad": "p" * 2000}}, step=step,
+            logger.log_metrics({{"x": float(step), "pad": "p" * {pad}}}, step=step,
                                step_finished=True)
         time.sleep(0.5)  # the pusher hands the backlog to the file meanwhile
         os.kill(os.getpid(), signal.SIGKILL)
