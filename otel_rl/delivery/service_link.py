@@ -498,8 +498,7 @@ class ServiceLink:
         all); the frames after it go by the pipe again. ``wait``: until the pipe takes it."""
         if self._handoff is None:
             return
-        path, fd = self._handoff
-        frame = _frame("handoff", str(path))
+        frame = _frame("handoff", str(self._handoff[0]))
         while not self.dead:
             try:
                 os.write(self._out, frame)
@@ -509,8 +508,7 @@ class ServiceLink:
                 poller.poll(100)
                 continue
             break
-        os.close(fd)
-        self._handoff = None
+        self._close_handoff()
         with self._cond:
             self._diverted = False
             self._cond.notify_all()
@@ -633,10 +631,7 @@ class ServiceLink:
                 self._cond.notify_all()
                 while self._pushing:
                     self._cond.wait(0.05)
-            if self._handoff is not None:  # never named in the pipe: the child reads it at EOF
-                with contextlib.suppress(OSError):
-                    os.close(self._handoff[1])
-                self._handoff = None
+            self._close_handoff()  # a file never named in the pipe: the child reads it at EOF
             with contextlib.suppress(OSError):
                 os.close(self._out)
         # The child gives up at the deadline plus half the grace second; what is left of it
@@ -668,13 +663,16 @@ class ServiceLink:
                     name, sum(lost.values()), describe_losses(lost),
                 )  # fmt: skip
 
-    def _remove_handoffs(self) -> None:
-        """The child was stopped: the frames it had not read from handoff files are counted
-        lost, and the files go."""
+    def _close_handoff(self) -> None:
         if self._handoff is not None:
             with contextlib.suppress(OSError):
                 os.close(self._handoff[1])
             self._handoff = None
+
+    def _remove_handoffs(self) -> None:
+        """The child was stopped: the frames it had not read from handoff files are counted
+        lost, and the files go."""
+        self._close_handoff()
         folder = self._settings["handoff_dir"]
         if folder is not None:
             for path in Path(folder).glob(f"handoff-{os.getpid()}-*.frames"):

@@ -436,3 +436,31 @@ def test_a_handoff_file_that_fills_its_disk_loses_nothing_uncounted_and_sends_no
     assert steps == sorted(set(steps)) and steps[-1] == 2999
     assert len(steps) + lost.get("queue_full", 0) == 3000, (len(steps), lost)
     assert set(lost) <= {"queue_full"}
+
+
+def test_frames_in_handoff_files_when_finish_gives_up_are_counted_lost_and_the_files_go(
+    tmp_path, caplog
+):
+    """``finish()`` keeps its deadline while the delivery process is stopped with frames in
+    handoff files: it is stopped, what it had not read is counted lost (``delivery_process``),
+    and no handoff file is left behind."""
+    cfg = _cfg(tmp_path)
+    cfg["export"] = {**cfg["export"], "shutdown_timeout": 1.0}
+    logger = Logger(cfg)
+    for step in range(10):
+        logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
+    assert logger.flush(30)
+    time.sleep(0.5)  # the child's counters of these ten are reported
+    _stop_the_delivery_process(logger)
+    for step in range(10, 2010):
+        logger.log_metrics({"x": float(step), "pad": "p" * 2000}, step=step, step_finished=True)
+    time.sleep(0.2)  # the pusher hands the backlog to the file meanwhile
+    assert list(handoff_dir(tmp_path / "logs").glob("handoff-*.frames"))
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        logger.finish()
+    assert time.monotonic() - began < 1.0 + 1.5
+    assert logger.exporters[0].lost == {"delivery_process": 2000}
+    assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(10))
