@@ -103,6 +103,9 @@ class Channel:
         self._in_transit = 0  # taken by the spool thread, not yet handed on
         self._overflow_from: int | None = None  # first seq that lives only on disk
         self._spooled_upto = 0
+        # Checkpoints of a step never sealed at the spool's end (the run ended, or the training
+        # process was killed, while it was being logged): replay delivers them, no timeout does.
+        self._checkpoints_at_end = 0
         self._last_ack_sync = 0.0
 
     def attach(
@@ -271,7 +274,8 @@ class Channel:
         if self.spool is not None:
             self.write_meta(exit_code=exit_code)
         if left:
-            _log.warning("otel-rl: %s", self._undelivered_message(left, timeout))
+            checkpoints = min(left, self._checkpoints_at_end) if self.spool is not None else 0
+            _log.warning("otel-rl: %s", self._undelivered_message(left, checkpoints, timeout))
         lost = losses(self.stats)
         if lost:
             _log.warning(
@@ -379,6 +383,11 @@ class Channel:
                             self._enqueue_locked(seq, record)
                     if written:
                         self._spooled_upto = written[-1]
+                    for seq, record in zip(seqs, records, strict=True):
+                        if seq is not None:
+                            self._checkpoints_at_end = (
+                                self._checkpoints_at_end + 1 if _provisional(record) else 0
+                            )
                     self._in_transit = 0
                     self._cond.notify_all()
                 dirty = True
@@ -576,19 +585,25 @@ class Channel:
             self._idle = True
             self._cond.notify_all()
 
-    def _undelivered_message(self, left: int, timeout: float) -> str:
+    def _undelivered_message(self, left: int, checkpoints: int, timeout: float) -> str:
         if self.options.shutdown_timeout is not None:
             timeout = self.options.shutdown_timeout
         failure = self.failure
         error = failure or self.last_error
-        if failure is not None:
+        sealed = left - checkpoints
+        if not sealed:
             text = (
-                f"{self.name}: {left} record(s) not delivered: the tracker stopped on "
+                f"{self.name}: the step still being logged when the run ended was checkpointed "
+                f"({checkpoints} checkpoint(s)); no other record is undelivered."
+            )
+        elif failure is not None:
+            text = (
+                f"{self.name}: {sealed} record(s) not delivered: the tracker stopped on "
                 f"{failure.describe()}."
             )
         else:
             text = (
-                f"{self.name}: {left} record(s) not delivered before the shutdown timeout "
+                f"{self.name}: {sealed} record(s) not delivered before the shutdown timeout "
                 f"(export.shutdown_timeout: {timeout:g} s"
             )
             if error is not None:
@@ -598,6 +613,8 @@ class Channel:
                 "less)." if timeout > 0 else
                 ": finish() does not wait, so records in flight are counted here too)."
             )  # fmt: skip
+        if sealed and checkpoints:
+            text += " The step still being logged when the run ended was checkpointed as well."
         if self.spool_dir is not None:
             log_dir = self.spool_meta.get("log_dir", "<log_dir>")
             text += (

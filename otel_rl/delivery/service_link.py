@@ -64,7 +64,7 @@ from otel_rl.delivery.spool import private_dirs
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 
-__all__ = ["ServiceLink", "ServiceTracker", "apply_to_tracker", "decode_record_frame"]
+__all__ = ["ServiceLink", "ServiceTracker", "apply_to_tracker", "decode_record"]
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe holds a few hundred steps before the backlog is used
 _F_GETPIPE_SZ = 1032
@@ -91,28 +91,34 @@ class _PlainPickler(pickle.Pickler):
         return NotImplemented
 
 
-def _pickled_record(record: Any) -> bytes:
+def _record_fields(record: Any) -> tuple[Any, ...]:
     """A step as its rows (computed here, once for every tracker); other kinds as their spool
     encoding, which the child decodes the same way."""
     if type(record) is StepBatch:
-        fields: tuple[Any, ...] = (
+        # Without OTel data the rows are the logged values: no copy of them is made.
+        values = record.values
+        rows = values if not record.otel and type(values) is dict else record.rows
+        return (
             "step", record.step, record.time, record.axis, dict(record.step_metrics),
-            record.rows, record.seal, record.provisional,
+            rows, record.seal, record.provisional,
         )  # fmt: skip
-    elif isinstance(record, Record):
-        fields = ("kind", record.kind, record.encode())
-    else:
-        raise TypeError(f"a {type(record).__name__} is no record kind the delivery process knows")
+    if isinstance(record, Record):
+        return ("kind", record.kind, record.encode())
+    raise TypeError(f"a {type(record).__name__} is no record kind the delivery process knows")
+
+
+def _record_frame(record: Any, to: tuple[str, ...] | None) -> bytes:
+    fields = _record_fields(record)
     body = pickle.dumps(fields, pickle.HIGHEST_PROTOCOL)
     if b"__main__" in body:  # rare: a class of the training script, which the child lacks
         buffer = io.BytesIO()
         _PlainPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(fields)
         body = buffer.getvalue()
-    return body
+    return _frame("rec", to, body)
 
 
-def decode_record_frame(body: bytes) -> Record:
-    """The child's side of :func:`_pickled_record`."""
+def decode_record(body: bytes) -> Record:
+    """The record of a ``("rec", names, body)`` frame (:func:`_record_frame`)."""
     fields = pickle.loads(body)
     if fields[0] == "step":
         _, step, at, axis, step_metrics, rows, seal, provisional = fields
@@ -195,6 +201,7 @@ class ServiceLink:
         self._flushed: dict[int, bool] = {}
         self._flush_ids = 0
         self.start_error: str | None = None
+        self._config_error = False
         self.remote_stats: dict[str, dict[str, int]] = {name: {} for name in self.names}
         self.remote_undelivered: dict[str, int] = {}
         #: Each tracker's spool folder in the child (None: no spool), known once it started.
@@ -244,6 +251,8 @@ class ServiceLink:
         if not self._events["started"].wait(timeout) or self.start_error is not None:
             reason = self.start_error or f"it did not start within {timeout:g} s"
             self._kill()
+            if self._config_error:  # the same error as with the trackers in this process
+                raise ConfigError(reason)
             raise ConfigError(f"the delivery process (export.delivery: process) failed: {reason}")
 
     # ---- the training thread -------------------------------------------------------------------
@@ -253,7 +262,7 @@ class ServiceLink:
         says: when the child has fallen behind (bounded), never on a write."""
         try:
             to = None if len(names) == len(self.names) else tuple(names)
-            frame = _frame("rec", to, _pickled_record(record))
+            frame = _record_frame(record, to)
         except Exception as exc:  # cannot be pickled: costs only this record
             self._count("refused", names)
             _log.warning("otel-rl: a record cannot reach the delivery process (%s: %s); "
@@ -573,6 +582,7 @@ class ServiceLink:
     def _on_status(self, message: Mapping[str, Any]) -> None:
         if "error" in message:
             self.start_error = str(message["error"])
+            self._config_error = bool(message.get("config_error"))
             self._events["started"].set()
         if message.get("started"):
             self.spool_dirs = {
@@ -634,9 +644,10 @@ class ServiceLink:
             self._close_handoff()  # a file never named in the pipe: the child reads it at EOF
             with contextlib.suppress(OSError):
                 os.close(self._out)
-        # The child gives up at the deadline plus half the grace second; what is left of it
-        # here is for stopping a child that did not, and counting what it never read.
-        finished = self._events["finished"].wait(deadline.left() + 0.75 * SHUTDOWN_GRACE)
+        # The child gives up 0.7 of the grace second after the deadline (run/service.py);
+        # what is left of it here is for stopping a child that did not, and counting what it
+        # never read.
+        finished = self._events["finished"].wait(deadline.left() + 0.9 * SHUTDOWN_GRACE)
         if not first:
             return
         if not finished and self.process is not None and self.process.poll() is None:

@@ -88,6 +88,16 @@ class SpoolBusy(RuntimeError):
         self.holder = holder
 
 
+_training_pid: int | None = None
+
+
+def spool_for(training_pid: int) -> None:
+    """This process (the delivery process) holds spools for the training process
+    ``training_pid``: their locks name that process, and this one as its delivery process."""
+    global _training_pid
+    _training_pid = training_pid
+
+
 class SpoolLock:
     """An exclusive ``flock`` on ``<spool>/lock``, held by whoever writes the spool: the training
     process for its whole run, an ``otel-rl replay`` while it delivers. The kernel releases it
@@ -122,16 +132,21 @@ class SpoolLock:
                     raise SpoolBusy(self.path.parent, holder) from None
                 time.sleep(0.1)
         self._file = f
-        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "what": self.what,
+                "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+        if _training_pid is not None:  # the operator looks for the training process
+            info.update(pid=_training_pid, delivery_pid=os.getpid())
         f.truncate(0)
-        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                            "what": self.what, "since": started}).encode())  # fmt: skip
+        f.write(json.dumps(info).encode())
 
     def holder(self) -> str:
         """Who holds the lock, as the holder wrote it (best effort: it may be mid-write)."""
         try:
             info = json.loads(self.path.read_bytes() or b"{}")
-            return f"{info['what']} (pid {info['pid']} on {info['host']}, since {info['since']})"
+            pid = f"pid {info['pid']}"
+            if "delivery_pid" in info:
+                pid += f", its delivery process pid {info['delivery_pid']}"
+            return f"{info['what']} ({pid} on {info['host']}, since {info['since']})"
         except (OSError, ValueError, KeyError, TypeError):
             return "another process"
 

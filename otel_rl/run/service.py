@@ -20,11 +20,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from otel_rl.core.errors import ConfigError
 from otel_rl.core.failures import count_loss
 from otel_rl.core.redaction import compile_patterns
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.delivery.options import ExportOptions
-from otel_rl.delivery.service_link import decode_record_frame
+from otel_rl.delivery.service_link import decode_record
+from otel_rl.delivery.spool import spool_for
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, stop_in_parallel
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import KILLED_EXIT_CODE
@@ -136,6 +138,7 @@ def serve(records_fd: int, status: Status) -> int:
     settings = hello[1]
     cfg = settings["cfg"]
     os.chdir(settings["cwd"])
+    spool_for(int(settings["pid"]))
     try:
         trackers = RunTrackers(
             cfg, (), run_id=settings["run_id"], here=True,
@@ -143,8 +146,8 @@ def serve(records_fd: int, status: Status) -> int:
             redaction=compile_patterns(tuple(cfg["redaction"]["extra_patterns"])),
         )  # fmt: skip
         trackers.start()
-    except Exception as exc:
-        status.send(error=str(exc))
+    except Exception as exc:  # a ConfigError is raised as it is in the training process
+        status.send(error=str(exc), config_error=isinstance(exc, ConfigError))
         return 1
     exporters = trackers.exporters
     fanout = Fanout(exporters)
@@ -163,7 +166,7 @@ def serve(records_fd: int, status: Status) -> int:
     for message in incoming:
         if message[0] == "rec":
             try:
-                record = decode_record_frame(message[2])
+                record = decode_record(message[2])
             except Exception as exc:  # an object this process cannot rebuild: costs only itself
                 unreadable(fanout.select(message[1]), exc, warned)
                 continue
@@ -183,7 +186,10 @@ def serve(records_fd: int, status: Status) -> int:
             exit_code, seconds = int(message[1]), float(message[2])
             break
     deadline = Deadline(seconds)
-    stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + SHUTDOWN_GRACE / 2)
+    # A tracker's channel says what it left CLOSE_GRACE (half the grace second) after the
+    # deadline: room for that before this process reports, and for the report before the
+    # training process stops waiting (service_link.py: 0.9 of the grace second).
+    stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + 0.7 * SHUTDOWN_GRACE)
     done.set()
     status.send(stats=counters(exporters),
                 finished={e.name: int(e.undelivered) for e in exporters})  # fmt: skip

@@ -69,7 +69,9 @@ class RunTrackers:
         else:
             self.exporters = [cls.from_config(cfg) for cls in classes]
         self.exporters.extend(given)
-        self._folders: set[str] = set()
+        # The delivery process spools its trackers under their names: instances given here with
+        # the same name spool beside them, as they would beside trackers built in this process.
+        self._folders = {folder_name(name) for name in self.link.names} if self.link else set()
 
     def start(self) -> None:
         """Attach and start every exporter; on failure, stop those started and raise."""

@@ -373,13 +373,15 @@ def test_spool_off_alone_means_drop_oldest_and_an_explicit_on_full_spool_is_refu
         resolve_config({"export": {"spool": False, "on_full": "spool"}})
 
 
-def test_a_log_dir_that_cannot_hold_the_spool_is_a_config_error(tmp_path):
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_a_log_dir_that_cannot_hold_the_spool_is_a_config_error(tmp_path, delivery):
     """A file where the log dir should be (or a read-only one): ``Logger()`` says which key and
-    what to do, and leaves nothing running, instead of a bare ``OSError`` from a spool thread."""
+    what to do, and leaves nothing running, instead of a bare ``OSError`` from a spool thread;
+    the same words when the delivery process found it."""
     (tmp_path / "afile").write_text("")
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(ConfigError) as error:
-        Logger({"log_dir": str(tmp_path / "afile" / "logs")})
+        Logger({"log_dir": str(tmp_path / "afile" / "logs"), "export": {"delivery": delivery}})
     assert str(error.value).startswith(
         f"logger config 'log_dir': {str(tmp_path / 'afile' / 'logs')!r} cannot hold jsonl's spool "
         "([Errno 20] Not a directory"

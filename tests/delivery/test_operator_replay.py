@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_rl import Logger
+from otel_rl import ConfigError, Logger
 from otel_rl.cli.replay import BUSY_EXIT_CODE, replay
 from otel_rl.delivery.spool import spool_root
 from otel_rl.exporters.base import RowRejected, TrackerExporter
@@ -263,8 +263,9 @@ def test_replay_of_a_moved_log_dir_writes_into_it(tmp_path):
 LIVE_RUN = textwrap.dedent("""
     import sys, time
     from otel_rl import Logger
-    log_dir = sys.argv[1]
-    logger = Logger({"log_dir": log_dir, "jsonl": {"path": log_dir + "/metrics.jsonl"}})
+    log_dir, delivery = sys.argv[1:]
+    logger = Logger({"log_dir": log_dir, "jsonl": {"path": log_dir + "/metrics.jsonl"},
+                     "export": {"delivery": delivery}})
     for step in range(40):
         logger.log_metrics({"loss": step / 10}, step=step)
     logger.flush(timeout=10)                       # the JSONL tracker has met its directory
@@ -274,11 +275,16 @@ LIVE_RUN = textwrap.dedent("""
 """)
 
 
-def test_a_replay_under_the_live_run_delivers_nothing_and_says_who_holds_the_spool(tmp_path):
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_a_replay_under_the_live_run_delivers_nothing_and_says_who_holds_the_spool(
+    tmp_path, delivery
+):
+    """The holder named is the training process, also when its delivery process holds the
+    spool (the operator looks for the training run's pid)."""
     log_dir = tmp_path / "logs"
     (log_dir / "metrics.jsonl").mkdir(parents=True)  # down while the run lives
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = subprocess.Popen([sys.executable, "-c", LIVE_RUN, str(log_dir)], env=env,
+    run = subprocess.Popen([sys.executable, "-c", LIVE_RUN, str(log_dir), delivery], env=env,
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert run.stdout.readline().strip() == "logged"
@@ -432,15 +438,20 @@ def test_losses_are_counted_by_reason_in_stats_the_exit_message_and_prometheus(
     assert f"{refusing.lost['refused']} refused by the tracker" in said
 
 
-def test_two_live_loggers_with_one_run_id_is_a_clear_error_and_leaves_nothing_running(tmp_path):
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_two_live_loggers_with_one_run_id_is_a_clear_error_and_leaves_nothing_running(
+    tmp_path, delivery
+):
     import threading
 
-    first = Logger({"log_dir": str(tmp_path), "run_id": "same"})
+    export = {"delivery": delivery}
+    first = Logger({"log_dir": str(tmp_path), "run_id": "same", "export": export})
     before = {t.name for t in threading.enumerate()}
     try:
-        with pytest.raises(Exception, match="run_id 'same' is already in use") as refused:
-            Logger({"log_dir": str(tmp_path), "run_id": "same", "tensorboard_enabled": True})
-        assert f"pid {os.getpid()}" in str(refused.value)
+        with pytest.raises(ConfigError, match="^run_id 'same' is already in use") as refused:
+            Logger({"log_dir": str(tmp_path), "run_id": "same", "tensorboard_enabled": True,
+                    "export": export})  # fmt: skip
+        assert f"held by the training run (pid {os.getpid()}" in str(refused.value)
         time.sleep(0.2)
         assert {t.name for t in threading.enumerate()} <= before
     finally:
@@ -544,7 +555,7 @@ def test_a_replay_waiting_for_a_spool_stops_at_once_on_a_signal(tmp_path, sig):
     log_dir = tmp_path / "logs"
     (log_dir / "metrics.jsonl").mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = subprocess.Popen([sys.executable, "-c", LIVE_RUN, str(log_dir)], env=env,
+    run = subprocess.Popen([sys.executable, "-c", LIVE_RUN, str(log_dir), "thread"], env=env,
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert run.stdout.readline().strip() == "logged"

@@ -83,6 +83,24 @@ def test_every_kind_of_record_arrives_with_its_values_and_no_tracker_thread_runs
     ]
 
 
+def test_an_instance_given_with_the_name_of_a_tracker_there_spools_beside_it(tmp_path):
+    """A JSONL tracker built from the config runs in the delivery process and a JSONL exporter
+    given as an instance stays here: each has a spool of its own, as in thread mode (one
+    spool for both made ``Logger()`` refuse the run as already in use)."""
+    from otel_rl.exporters.jsonl import JsonlExporter
+
+    given = JsonlExporter(tmp_path / "given.jsonl")
+    with Logger(_cfg(tmp_path), exporters=[given]) as logger:
+        assert [e.name for e in logger.exporters] == ["jsonl", "jsonl"]
+        for step in range(5):
+            logger.log_metrics({"loss": float(step)}, step=step)
+    for path in (tmp_path / "logs" / "metrics.jsonl", tmp_path / "given.jsonl"):
+        assert [(r["step"], r["metrics"]["loss"]) for r in jsonl_rows(path)] == [
+            (step, float(step)) for step in range(5)
+        ]
+    assert sorted(p.name for p in spool_root(tmp_path / "logs").iterdir()) == ["jsonl", "jsonl-2"]
+
+
 def test_a_killed_training_process_loses_nothing_it_handed_over(tmp_path):
     """SIGKILL right after the last log_metrics: the delivery process still reads the pipe to
     its end, writes every step once, and closes the run as killed; the step still being logged
@@ -107,6 +125,11 @@ def test_a_killed_training_process_loses_nothing_it_handed_over(tmp_path):
     assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [
         (step, step * 0.5) for step in range(500)
     ]
+    # The delivery process's stderr is the training process's: no timeout was involved.
+    assert "jsonl: the step still being logged when the run ended was checkpointed" in (
+        done.stderr
+    )
+    assert "before the shutdown timeout" not in done.stderr
     replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert replay.returncode == 0, replay.stdout + replay.stderr
