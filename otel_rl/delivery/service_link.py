@@ -580,6 +580,9 @@ class ServiceLink:
             self._cond.notify_all()
 
     def _on_status(self, message: Mapping[str, Any]) -> None:
+        if "log" in message:  # the delivery process's own log line, said here
+            level, text = message["log"]
+            _log.log(int(level), "%s", text)
         if "error" in message:
             self.start_error = str(message["error"])
             self._config_error = bool(message.get("config_error"))

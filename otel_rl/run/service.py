@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pickle
 import signal
@@ -103,13 +104,32 @@ class Status:
         self._file: IO[str] = os.fdopen(fd, "w", encoding="utf-8")
         self._lock = threading.Lock()
 
-    def send(self, **message: Any) -> None:
+    def send(self, **message: Any) -> bool:
+        """False when the training process is gone (this one delivers all the same)."""
         with self._lock:
             try:
                 self._file.write(json.dumps(message) + "\n")
                 self._file.flush()
-            except (OSError, ValueError):  # the training process is gone: deliver all the same
-                pass
+            except (OSError, ValueError):
+                return False
+            return True
+
+
+class LogToTrainingProcess(logging.Handler):
+    """otel-rl's own log lines, said in the training process through its ``otel_rl`` logger (the
+    user's handlers, format and levels apply as in thread mode); on stderr once it is gone."""
+
+    def __init__(self, status: Status) -> None:
+        super().__init__()
+        self._status = status
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if not self._status.send(log=[record.levelno, text]):
+                sys.stderr.write(text + "\n")
+        except Exception:
+            self.handleError(record)
 
 
 def counters(exporters: Sequence[Any]) -> dict[str, dict[str, int]]:
@@ -136,6 +156,10 @@ def serve(records_fd: int, status: Status) -> int:
     if hello is None or hello[0] != "hello":
         return 2
     settings = hello[1]
+    own_log = logging.getLogger("otel_rl")
+    own_log.addHandler(LogToTrainingProcess(status))
+    own_log.setLevel(settings["log_level"])  # the training process's: it says the lines
+    own_log.propagate = False
     cfg = settings["cfg"]
     os.chdir(settings["cwd"])
     spool_for(int(settings["pid"]))

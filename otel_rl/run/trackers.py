@@ -61,7 +61,8 @@ class RunTrackers:
             self.link = ServiceLink(
                 [sys.executable, "-m", "otel_rl.run.service"],
                 [cls.name for cls in classes],
-                {"cfg": dict(cfg), "run_id": run_id, "cwd": os.getcwd(), "pid": os.getpid()},
+                {"cfg": dict(cfg), "run_id": run_id, "cwd": os.getcwd(), "pid": os.getpid(),
+                 "log_level": _log.getEffectiveLevel()},
                 options,
                 handoff_dir=handoff_dir(self._log_dir) if cfg["export"]["spool"] else None,
             )

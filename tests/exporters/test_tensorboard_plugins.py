@@ -104,8 +104,11 @@ def test_hparams_session_failed_after_an_exception(log_dir):
     assert [s.status for s in group.sessions] == [api_pb2.STATUS_FAILURE]
 
 
-def test_hparams_after_the_first_step_go_to_the_text_tab(log_dir, otel_rl_warnings):
-    cfg = {"log_dir": str(log_dir), "tensorboard_enabled": True, "jsonl_enabled": False}
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_hparams_after_the_first_step_go_to_the_text_tab(log_dir, otel_rl_warnings, delivery):
+    """The warning reaches the training process's log in both delivery modes."""
+    cfg = {"log_dir": str(log_dir), "tensorboard_enabled": True, "jsonl_enabled": False,
+           "export": {"delivery": delivery}}
     with Logger(cfg) as logger:
         logger.log_hyperparams({"lr": 0.1})
         logger.log_metrics({"loss": 1.0}, step=0, step_finished=True)
@@ -182,8 +185,11 @@ def test_otel_histograms_and_text_rows(log_dir):
     assert (text.step, text.tensor_proto.string_val[0].decode()) == (1, "**bold** answer")
 
 
-def test_backwards_step_is_kept_as_a_second_point(log_dir, otel_rl_warnings):
-    cfg = {"log_dir": str(log_dir), "tensorboard_enabled": True, "jsonl_enabled": False}
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_backwards_step_is_kept_as_a_second_point(log_dir, otel_rl_warnings, delivery):
+    """The warning reaches the training process's log in both delivery modes."""
+    cfg = {"log_dir": str(log_dir), "tensorboard_enabled": True, "jsonl_enabled": False,
+           "export": {"delivery": delivery}}
     with Logger(cfg) as logger:
         for step, value in [(0, 0.0), (1, 1.0), (2, 2.0), (1, 1.5), (3, 3.0)]:
             logger.log_metrics({"loss": value}, step=step, step_finished=True)
