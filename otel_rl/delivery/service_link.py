@@ -193,6 +193,7 @@ class ServiceLink:
         #: Records written whole to the pipe, by tracker (checkpoints not counted).
         self._sent: dict[str, int] = dict.fromkeys(self.names, 0)
         self._killed = False
+        self._unread_lost = False  # what the child never read is counted (once)
         self.dead = False
         self._ended = False
         self._events: dict[str, threading.Event] = {
@@ -570,10 +571,11 @@ class ServiceLink:
             self.start_error = self.start_error or f"it exited with code {code} before starting"
             self._events["started"].set()
         elif not self._killed and (not was_ended or not self._events["finished"].is_set()):
+            unread = self._lose_unread()
             _log.error(
-                "otel-rl: the delivery process exited (code %s) before the run ended; records "
-                "for %s from now on are lost (counted), what it had spooled waits for otel-rl "
-                "replay", code, ", ".join(self.names),
+                "otel-rl: the delivery process exited (code %s) before the run ended; %d "
+                "record(s) it had not read and those for %s from now on are lost (counted), what "
+                "it had spooled waits for otel-rl replay", code, unread, ", ".join(self.names),
             )  # fmt: skip
         self._events["finished"].set()
         with self._cond:
@@ -656,12 +658,7 @@ class ServiceLink:
         if not finished and self.process is not None and self.process.poll() is None:
             self._killed = True
             self._kill()
-            # What the pipe still held never reached a spool: lost (counted from the child's
-            # last report, a quarter second old at most, so never fewer than were lost).
-            for name in self.names:
-                received = self.remote_stats[name].get("submitted", 0)
-                self._count("delivery_process", (name,), max(0, self._sent[name] - received))
-            self._remove_handoffs()
+            self._lose_unread()
             _log.warning(
                 "otel-rl: the delivery process was still closing %s at the deadline "
                 "(export.shutdown_timeout); it was stopped: what it had spooled waits for "
@@ -683,14 +680,30 @@ class ServiceLink:
                 os.close(self._handoff[1])
             self._handoff = None
 
-    def _remove_handoffs(self) -> None:
-        """The child was stopped: the frames it had not read from handoff files are counted
-        lost, and the files go."""
+    def _lose_unread(self) -> int:
+        """The child is gone: what it never read (from the pipe or a handoff file) reached no
+        spool. It is counted lost from the child's last report (a quarter second old at most,
+        so never fewer than were lost), once, and the handoff files go. Returns the count."""
+        with self._cond:
+            self.dead = True
+            self._cond.notify_all()
+            while self._pushing:  # the pusher stops within its poll; then no file grows
+                self._cond.wait(0.05)
+            if self._unread_lost:
+                return 0
+            self._unread_lost = True
+            unread = {
+                name: max(0, self._sent[name] - self.remote_stats[name].get("submitted", 0))
+                for name in self.names
+            }
+            for name, count in unread.items():
+                self._count("delivery_process", (name,), count)
         self._close_handoff()
         folder = self._settings["handoff_dir"]
         if folder is not None:
             for path in Path(folder).glob(f"handoff-{os.getpid()}-*.frames"):
                 path.unlink(missing_ok=True)
+        return sum(unread.values())
 
     def _kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -214,6 +214,39 @@ def test_a_dead_delivery_process_costs_its_records_counted_and_never_the_loop(tm
     assert [r["step"] for r in rows] == list(range(10))
 
 
+def test_a_delivery_process_dying_with_frames_unread_counts_them_and_leaves_no_file(
+    tmp_path, caplog
+):
+    """Stopped with frames in the pipe and in handoff files, then killed: what it never read is
+    counted lost with what is logged after it (every step is either in the JSONL file or
+    counted), its error line says how many, and no handoff file is left behind."""
+    logger = Logger(_cfg(tmp_path))
+    for step in range(10):
+        logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
+    assert logger.flush(30)
+    time.sleep(0.5)  # the child's counters of these ten are reported
+    pid = _stop_the_delivery_process(logger)
+    for step in range(10, 2010):
+        logger.log_metrics({"x": float(step), "pad": "p" * 2000}, step=step, step_finished=True)
+    time.sleep(0.2)  # the pusher hands the backlog to the file meanwhile
+    assert list(handoff_dir(tmp_path / "logs").glob("handoff-*.frames"))
+    with caplog.at_level(logging.ERROR, logger="otel_rl"):
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while "delivery process exited" not in caplog.text:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        for step in range(2010, 2020):
+            logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
+    assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
+    logger.finish()
+    (error,) = [r.getMessage() for r in caplog.records if "delivery process exited" in r.getMessage()]
+    assert "2000 record(s) it had not read" in error
+    assert logger.exporters[0].lost == {"delivery_process": 2010}
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(10))
+
+
 def test_a_fork_child_neither_delivers_nor_keeps_the_delivery_process_waiting(tmp_path):
     logger = Logger(_cfg(tmp_path))
     logger.log_metrics({"loss": 0.0}, step=0, step_finished=True)
