@@ -92,6 +92,21 @@ def is_file_store(uri: str) -> bool:
     return scheme in ("", "file") or (len(scheme) == 1 and scheme.isalpha())  # C:\ on Windows
 
 
+def anchored(uri: str) -> str:
+    """``uri`` with a relative local path made absolute here: a store the tracker opens later on
+    its own thread (or after the script's ``chdir()``) is where the config meant it."""
+    if uri.startswith("sqlite:///"):
+        path = uri.removeprefix("sqlite:///")
+        if path and not path.startswith("/") and not path.startswith(":memory:"):
+            return f"sqlite:///{Path(path).absolute().as_posix()}"
+        return uri
+    if uri.startswith("file:") and not uri.startswith(("file:/", "file://")):
+        return Path(uri.removeprefix("file:")).absolute().as_uri()
+    if is_file_store(uri) and ":" not in uri:
+        return str(Path(uri).absolute())
+    return uri
+
+
 class MlflowExporter(TrackerExporter):
     name: ClassVar[str] = "mlflow"
     backwards_policy: ClassVar[str] = "MLflow keeps both points at that step"
@@ -117,14 +132,14 @@ class MlflowExporter(TrackerExporter):
         mlflow_dir = Path(log_dir).absolute() / "mlflow"
         #: Whether the tracking URI is otel-rl's default local store (nothing configured).
         self.local_default = not (tracking_uri or env.get("MLFLOW_TRACKING_URI"))
-        self.tracking_uri = (
+        self.tracking_uri = anchored(
             tracking_uri
             or env.get("MLFLOW_TRACKING_URI")
             or f"sqlite:///{(mlflow_dir / 'mlflow.db').as_posix()}"
         )
         if artifact_location is None and self.local_default:
             artifact_location = (mlflow_dir / "artifacts").as_uri()
-        self.artifact_location = artifact_location
+        self.artifact_location = None if artifact_location is None else anchored(artifact_location)
         self.experiment_name = experiment_name or env.get("MLFLOW_EXPERIMENT_NAME") or None
         self._experiment_id = None if self.experiment_name else env.get("MLFLOW_EXPERIMENT_ID")
         if not (self.experiment_name or self._experiment_id):

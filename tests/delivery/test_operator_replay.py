@@ -448,7 +448,7 @@ def test_two_live_loggers_with_one_run_id_is_a_clear_error_and_leaves_nothing_ru
     first = Logger({"log_dir": str(tmp_path), "run_id": "same", "export": export})
     before = {t.name for t in threading.enumerate()}
     try:
-        with pytest.raises(ConfigError, match="^run_id 'same' is already in use") as refused:
+        with pytest.raises(ConfigError, match=r"^run_id 'same' is already in use") as refused:
             Logger({"log_dir": str(tmp_path), "run_id": "same", "tensorboard_enabled": True,
                     "export": export})  # fmt: skip
         assert f"held by the training run (pid {os.getpid()}" in str(refused.value)

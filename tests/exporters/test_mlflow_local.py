@@ -107,6 +107,22 @@ def test_is_file_store(uri, file):
     assert is_file_store(uri) is file
 
 
+@pytest.mark.parametrize(
+    ("uri", "anchored_at_tmp"),
+    [("sqlite:///x.db", "sqlite:///{tmp}/x.db"), ("sqlite:////abs/x.db", "sqlite:////abs/x.db"),
+     ("sqlite:///:memory:", "sqlite:///:memory:"), ("file:mlruns", "file://{tmp}/mlruns"),
+     ("file:///abs/mlruns", "file:///abs/mlruns"), ("./mlruns", "{tmp}/mlruns"),
+     ("http://127.0.0.1:5000", "http://127.0.0.1:5000"), ("databricks", "databricks")],
+)  # fmt: skip
+def test_a_relative_local_store_is_anchored_where_the_exporter_was_built(
+    tmp_path, monkeypatch, uri, anchored_at_tmp
+):
+    from otel_rl.exporters.mlflow import anchored
+
+    monkeypatch.chdir(tmp_path)
+    assert anchored(uri) == anchored_at_tmp.format(tmp=tmp_path.as_posix())
+
+
 def _history(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key),
                                               key=lambda m: m.step)]
@@ -139,6 +155,31 @@ def test_default_store_is_sqlite_under_log_dir(tmp_path, monkeypatch):
     assert loss[0] == (0, 0.5) and loss[1][0] == 1 and math.isnan(loss[1][1])
     plots = list((tmp_path / "logs" / "mlflow" / "artifacts").rglob("plots/fig/step_1.png"))
     assert len(plots) == 1 and plots[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_a_relative_sqlite_uri_stays_where_logger_ran_after_chdir(tmp_path, monkeypatch, delivery):
+    """``tracking_uri: sqlite:///runs.db`` means the directory ``Logger()`` ran in, also when
+    the script changes directory before the tracker opens its store (it opens on its own
+    thread, or in the delivery process); before, the store was made in the new directory."""
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    cfg = {"log_dir": "logs", "mlflow_enabled": True, "jsonl_enabled": False,
+           "mlflow": {"tracking_uri": "sqlite:///runs.db", "experiment_name": "anchored"},
+           "export": {"delivery": delivery}}  # fmt: skip
+    logger = Logger(cfg)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for step in range(3):
+        logger.log_metrics({"loss": step / 2}, step=step)
+    logger.finish()
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'runs.db').as_posix()}")
+    experiment = client.get_experiment_by_name("anchored")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert _history(client, run.info.run_id, "loss") == [(0, 0.0), (1, 0.5), (2, 1.0)]
 
 
 @pytest.mark.slow

@@ -240,7 +240,7 @@ def test_a_delivery_process_dying_with_frames_unread_counts_them_and_leaves_no_f
             logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
     assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
     logger.finish()
-    (error,) = [r.getMessage() for r in caplog.records if "delivery process exited" in r.getMessage()]
+    (error,) = [m for m in caplog.messages if "delivery process exited" in m]
     assert "2000 record(s) it had not read" in error
     assert logger.exporters[0].lost == {"delivery_process": 2010}
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
