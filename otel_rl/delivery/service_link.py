@@ -64,13 +64,16 @@ from otel_rl.delivery.spool import private_dirs
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 
-__all__ = ["ServiceLink", "ServiceTracker", "apply_to_tracker", "decode_record"]
+__all__ = ["CHILD_GRACE", "ServiceLink", "ServiceTracker", "apply_to_tracker", "decode_record"]
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe holds a few hundred steps before the backlog is used
 _F_GETPIPE_SZ = 1032
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _PIPE_SIZE = 1 << 20
 _IOV_MAX = 512  # buffers per writev (Linux allows 1024)
+#: How long after the run's deadline the delivery process still waits for its trackers: past a
+#: channel's CLOSE_GRACE (its trackers' last words), short of SHUTDOWN_GRACE (its report here).
+CHILD_GRACE = 0.7 * SHUTDOWN_GRACE
 # A backlog entry: (frame, the trackers it is for, when it was sent).
 _FRAME, _TRACKERS, _SENT_AT = itemgetter(0), itemgetter(1), itemgetter(2)
 _Buffer = bytes | memoryview
@@ -649,10 +652,9 @@ class ServiceLink:
             self._close_handoff()  # a file never named in the pipe: the child reads it at EOF
             with contextlib.suppress(OSError):
                 os.close(self._out)
-        # The child gives up 0.7 of the grace second after the deadline (run/service.py);
-        # what is left of it here is for stopping a child that did not, and counting what it
-        # never read.
-        finished = self._events["finished"].wait(deadline.left() + 0.9 * SHUTDOWN_GRACE)
+        # The child gives up CHILD_GRACE after the deadline; a little after that, it is stopped
+        # here, and what it never read is counted.
+        finished = self._events["finished"].wait(deadline.left() + CHILD_GRACE + 0.2)
         if not first:
             return
         if not finished and self.process is not None and self.process.poll() is None:

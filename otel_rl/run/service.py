@@ -26,9 +26,9 @@ from otel_rl.core.failures import count_loss
 from otel_rl.core.redaction import compile_patterns
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.delivery.options import ExportOptions
-from otel_rl.delivery.service_link import decode_record
+from otel_rl.delivery.service_link import CHILD_GRACE, decode_record
 from otel_rl.delivery.spool import spool_for
-from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, stop_in_parallel
+from otel_rl.process.deadline import Deadline, stop_in_parallel
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import KILLED_EXIT_CODE
 from otel_rl.run.trackers import RunTrackers
@@ -210,10 +210,7 @@ def serve(records_fd: int, status: Status) -> int:
             exit_code, seconds = int(message[1]), float(message[2])
             break
     deadline = Deadline(seconds)
-    # A tracker's channel says what it left CLOSE_GRACE (half the grace second) after the
-    # deadline: room for that before this process reports, and for the report before the
-    # training process stops waiting (service_link.py: 0.9 of the grace second).
-    stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + 0.7 * SHUTDOWN_GRACE)
+    stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + CHILD_GRACE)
     done.set()
     status.send(stats=counters(exporters),
                 finished={e.name: int(e.undelivered) for e in exporters})  # fmt: skip
