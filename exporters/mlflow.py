@@ -139,6 +139,10 @@ class MlflowExporter(TrackerExporter):
         )
         if artifact_location is None and self.local_default:
             artifact_location = (mlflow_dir / "artifacts").as_uri()
+        elif artifact_location is None and self.tracking_uri.startswith("sqlite:"):
+            # MLflow's own default for a new experiment in a SQLite store, taken from here now
+            # rather than from wherever the script is when the tracker opens it.
+            artifact_location = Path("mlruns").absolute().as_uri()
         self.artifact_location = None if artifact_location is None else anchored(artifact_location)
         self.experiment_name = experiment_name or env.get("MLFLOW_EXPERIMENT_NAME") or None
         self._experiment_id = None if self.experiment_name else env.get("MLFLOW_EXPERIMENT_ID")

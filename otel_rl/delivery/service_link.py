@@ -42,10 +42,12 @@ import itertools
 import json
 import os
 import pickle
+import queue
 import select
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import threading
 import time
@@ -60,7 +62,7 @@ from otel_rl.core.failures import LOSS_REASONS, count_loss, describe_losses, los
 from otel_rl.core.records import Record, StepBatch
 from otel_rl.delivery.channel import COUNTERS
 from otel_rl.delivery.options import ExportOptions
-from otel_rl.delivery.spool import private_dirs
+from otel_rl.delivery.spool import last_seq, private_dirs
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 
@@ -195,6 +197,8 @@ class ServiceLink:
         self._unresponsive = False
         #: Records written whole to the pipe, by tracker (checkpoints not counted).
         self._sent: dict[str, int] = dict.fromkeys(self.names, 0)
+        self._checkpoints_sent: dict[str, int] = dict.fromkeys(self.names, 0)
+        self._spooled_from: dict[str, int] = {}  # each spool's last record before the run
         self._killed = False
         self._unread_lost = False  # what the child never read is counted (once)
         self.dead = False
@@ -206,6 +210,10 @@ class ServiceLink:
         self._flush_ids = 0
         self.start_error: str | None = None
         self._config_error = False
+        # The child's log lines, heard by the status thread and said by a thread of their own.
+        self._lines: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+        self._lines_heard = self._lines_said = 0
+        self._saying: threading.Thread | None = None
         self.remote_stats: dict[str, dict[str, int]] = {name: {} for name in self.names}
         self.remote_undelivered: dict[str, int] = {}
         #: Each tracker's spool folder in the child (None: no spool), known once it started.
@@ -254,16 +262,24 @@ class ServiceLink:
         threading.Thread(target=self._push, name="otel-rl-delivery-pipe", daemon=True).start()
         if not self._events["started"].wait(timeout) or self.start_error is not None:
             reason = self.start_error or f"it did not start within {timeout:g} s"
+            self._killed = True  # no run was started: its end is no news
             self._kill()
             if self._config_error:  # the same error as with the trackers in this process
                 raise ConfigError(reason)
             raise ConfigError(f"the delivery process (export.delivery: process) failed: {reason}")
+        # No record was sent yet: what each spool holds from here on came from this run.
+        self._spooled_from = {
+            name: last_seq(folder) for name, folder in self.spool_dirs.items() if folder is not None
+        }
 
     # ---- the training thread -------------------------------------------------------------------
 
     def send(self, record: Any, names: Sequence[str]) -> None:
         """Hand ``record`` to the child for ``names``. Waits only as :meth:`_make_room_locked`
         says: when the child has fallen behind (bounded), never on a write."""
+        if type(record) is StepBatch and record.provisional:
+            for name in names:  # spooled by the child as records are: see _lose_unread
+                self._checkpoints_sent[name] += 1
         try:
             to = None if len(names) == len(self.names) else tuple(names)
             frame = _record_frame(record, to)
@@ -577,17 +593,22 @@ class ServiceLink:
             unread = self._lose_unread()
             _log.error(
                 "otel-rl: the delivery process exited (code %s) before the run ended; %d "
-                "record(s) it had not read and those for %s from now on are lost (counted), what "
-                "it had spooled waits for otel-rl replay", code, unread, ", ".join(self.names),
+                "record(s) it had not spooled and those for %s from now on are lost (counted), "
+                "what it had spooled waits for otel-rl replay", code, unread, ", ".join(self.names),
             )  # fmt: skip
         self._events["finished"].set()
         with self._cond:
             self._cond.notify_all()
 
     def _on_status(self, message: Mapping[str, Any]) -> None:
-        if "log" in message:  # the delivery process's own log line, said here
+        if "log" in message:  # the delivery process's own log line, said here by its own thread
             level, text = message["log"]
-            _log.log(int(level), "%s", text)
+            self._lines.put((int(level), str(text)))
+            self._lines_heard += 1
+            if self._saying is None:
+                self._saying = threading.Thread(target=self._say_lines, name="otel-rl-delivery-log",
+                                                daemon=True)  # fmt: skip
+                self._saying.start()
         if "error" in message:
             self.start_error = str(message["error"])
             self._config_error = bool(message.get("config_error"))
@@ -608,6 +629,24 @@ class ServiceLink:
         if "finished" in message:
             self.remote_undelivered = {str(k): int(v) for k, v in message["finished"].items()}
             self._events["finished"].set()
+
+    def _say_lines(self) -> None:
+        """The child's log lines through the ``otel_rl`` logger, on a thread of their own: a
+        slow handler of the user's delays the lines, never the counters or the end of the run."""
+        while True:
+            level, text = self._lines.get()
+            _log.log(level, "%s", text)
+            self._lines_said += 1
+
+    def _wait_said(self, until: float) -> None:
+        while self._lines_said < self._lines_heard and time.monotonic() < until:
+            time.sleep(0.01)
+        left = self._lines_heard - self._lines_said
+        if left:
+            sys.stderr.write(
+                f"otel-rl: {left} log line(s) of the delivery process were not said by the run's "
+                "deadline: a handler of the otel_rl logger is slow\n"
+            )
 
     # ---- flush and finish ----------------------------------------------------------------------
 
@@ -662,19 +701,20 @@ class ServiceLink:
             self._kill()
             self._lose_unread()
             _log.warning(
-                "otel-rl: the delivery process was still closing %s at the deadline "
-                "(export.shutdown_timeout); it was stopped: what it had spooled waits for "
-                "otel-rl replay, what it had not read yet is lost (counted)",
+                "otel-rl: the delivery process had not ended (closing %s, or stopped) at the "
+                "deadline (export.shutdown_timeout); it was killed: what it had spooled waits for "
+                "otel-rl replay, what it had not spooled yet is lost (counted)",
                 ", ".join(self.names),
             )  # fmt: skip
         for name in self.names:
             lost = losses(self.local_stats[name])
             if lost:
                 _log.warning(
-                    "otel-rl: %s: %d record(s) lost for good in the training process, before "
-                    "the delivery process had them: %s (docs/reliability.md, Losses)",
+                    "otel-rl: %s: %d record(s) lost for good on their way to the delivery "
+                    "process's spool: %s (docs/reliability.md, Losses)",
                     name, sum(lost.values()), describe_losses(lost),
                 )  # fmt: skip
+        self._wait_said(deadline.at + 0.95 * SHUTDOWN_GRACE)
 
     def _close_handoff(self) -> None:
         if self._handoff is not None:
@@ -683,9 +723,12 @@ class ServiceLink:
             self._handoff = None
 
     def _lose_unread(self) -> int:
-        """The child is gone: what it never read (from the pipe or a handoff file) reached no
-        spool. It is counted lost from the child's last report (a quarter second old at most,
-        so never fewer than were lost), once, and the handoff files go. Returns the count."""
+        """The child is gone: what it had not written to a spool (in the pipe, a handoff file or
+        its memory) is lost. Counted once, from the spools themselves (what this process sent,
+        less what each spool gained since the start; checkpoints count on both sides, so a lost
+        checkpoint counts as a record: never fewer than were lost), or, for a tracker without
+        a spool, from the child's last report (a quarter second old at most). The handoff files
+        go. Returns the count."""
         with self._cond:
             self.dead = True
             self._cond.notify_all()
@@ -694,10 +737,7 @@ class ServiceLink:
             if self._unread_lost:
                 return 0
             self._unread_lost = True
-            unread = {
-                name: max(0, self._sent[name] - self.remote_stats[name].get("submitted", 0))
-                for name in self.names
-            }
+            unread = {name: self._unspooled(name) for name in self.names}
             for name, count in unread.items():
                 self._count("delivery_process", (name,), count)
         self._close_handoff()
@@ -706,6 +746,15 @@ class ServiceLink:
             for path in Path(folder).glob(f"handoff-{os.getpid()}-*.frames"):
                 path.unlink(missing_ok=True)
         return sum(unread.values())
+
+    def _unspooled(self, name: str) -> int:
+        remote = self.remote_stats[name]
+        refused = sum(losses(remote).values())  # counted by the child already, never spooled
+        folder = self.spool_dirs.get(name)
+        if folder is None or name not in self._spooled_from:
+            return max(0, self._sent[name] - remote.get("delivered", 0) - refused)
+        spooled = last_seq(folder) - self._spooled_from[name]
+        return max(0, self._sent[name] + self._checkpoints_sent[name] - spooled - refused)
 
     def _kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -772,7 +821,11 @@ class ServiceTracker:
     @property
     def pending(self) -> int:
         """Records not yet delivered: waiting here, in the pipe or a handoff file (sent, not
-        yet read by the child, as of its last report), or held by the child."""
+        yet read by the child, as of its last report), or held by the child; none once the
+        child has exited (what it left is in its spool, or counted lost)."""
+        process = self.link.process
+        if process is not None and process.poll() is not None:
+            return 0
         remote = self.link.remote_stats[self.name]
         unread = max(0, self.link.sent(self.name) - remote.get("submitted", 0))
         return int(remote.get("pending", 0)) + unread + self.link.backlog

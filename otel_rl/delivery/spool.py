@@ -453,18 +453,25 @@ def _placed(lines: list[Skipped], seqs: range | None, acks: Acks) -> list[Skippe
     ]
 
 
+def last_seq(directory: Path, acks: Acks | None = None) -> int:
+    """The sequence number of the last whole record a spool holds or held (0 for none), read
+    from the marks and the last segment only."""
+    last = (acks or read_acks(directory)).upto
+    segments = segment_paths(directory)
+    if segments:
+        last = max(last, _first_seq(segments[-1]) - 1)
+        for seq, _, _ in read_segment(segments[-1]):
+            last = max(last, seq)
+    return last
+
+
 def waiting_records(directory: Path) -> int:
     """How many records of a spool are not marked done (0 for a folder that is no spool), read
     from the marks and the last segment only: cheap enough for a Logger's start."""
     if not (directory / "meta.json").exists() and not segment_paths(directory):
         return 0
     acks = read_acks(directory)
-    segments = segment_paths(directory)
-    last = acks.upto
-    if segments:
-        last = max(last, _first_seq(segments[-1]) - 1)
-        for seq, _, _ in read_segment(segments[-1]):
-            last = max(last, seq)
+    last = last_seq(directory, acks)
     return sum(1 for seq in range(acks.upto + 1, last + 1) if seq not in acks.ones)
 
 
@@ -548,7 +555,7 @@ class Spool:
         self._lock = SpoolLock(self.dir, "the training run")
         self._lock.acquire()
         acks = read_acks(self.dir)
-        self.last_seq = max(acks.upto, self._last_seq_on_disk())
+        self.last_seq = last_seq(self.dir, acks)
         self._segment: Any = None
         self._segment_path: Path | None = None
         self._in_segment = 0
@@ -683,15 +690,6 @@ class Spool:
         with open(self._segment_path, "r+b") as f:
             f.truncate(position)
         self._segment = _open_private(self._segment_path, "a")
-
-    def _last_seq_on_disk(self) -> int:
-        segments = segment_paths(self.dir)
-        if not segments:
-            return 0
-        last = _first_seq(segments[-1]) - 1
-        for seq, _, _ in read_segment(segments[-1]):
-            last = seq
-        return last
 
 
 def _cut_incomplete_line(path: Path) -> None:

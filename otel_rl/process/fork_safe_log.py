@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator, MutableMapping
 from typing import Any
@@ -45,7 +46,16 @@ class _ForkSafeLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         if self.isEnabledFor(level):
             kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1  # name the caller, not us
             with _writing:
-                self.logger.log(level, msg, *args, **kwargs)
+                try:
+                    self.logger.log(level, msg, *args, **kwargs)
+                except Exception as exc:  # a handler that raises: never the caller's failure
+                    # (a tracker's write retried, a status thread ended, a training step).
+                    with contextlib.suppress(Exception):
+                        line = str(msg) % args if args else str(msg)
+                        sys.stderr.write(
+                            f"otel-rl: a handler of the otel_rl logger raised "
+                            f"{type(exc).__name__}: {exc}; the line was: {line}\n"
+                        )
 
     def process(
         self, msg: Any, kwargs: MutableMapping[str, Any]

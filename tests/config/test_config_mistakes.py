@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import socket
 import threading
+import time
 import types
 import typing
 from collections.abc import Iterator
@@ -374,7 +375,7 @@ def test_spool_off_alone_means_drop_oldest_and_an_explicit_on_full_spool_is_refu
 
 
 @pytest.mark.parametrize("delivery", ["thread", "process"])
-def test_a_log_dir_that_cannot_hold_the_spool_is_a_config_error(tmp_path, delivery):
+def test_a_log_dir_that_cannot_hold_the_spool_is_a_config_error(tmp_path, caplog, delivery):
     """A file where the log dir should be (or a read-only one): ``Logger()`` says which key and
     what to do, and leaves nothing running, instead of a bare ``OSError`` from a spool thread;
     the same words when the delivery process found it."""
@@ -388,3 +389,5 @@ def test_a_log_dir_that_cannot_hold_the_spool_is_a_config_error(tmp_path, delive
     )
     assert str(error.value).endswith("give a writable folder, or set export.spool: false")
     assert {t.name for t in threading.enumerate()} - before == set()
+    time.sleep(0.3)  # the delivery process's end is heard by a thread of the link
+    assert "delivery process exited" not in caplog.text  # no run had started: no such news

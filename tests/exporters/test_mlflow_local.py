@@ -173,13 +173,16 @@ def test_a_relative_sqlite_uri_stays_where_logger_ran_after_chdir(tmp_path, monk
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     for step in range(3):
-        logger.log_metrics({"loss": step / 2}, step=step)
+        logger.log_metrics({"loss": step / 2, "note": f"text {step}"}, step=step)
     logger.finish()
     assert list((tmp_path / "elsewhere").iterdir()) == []
     client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'runs.db').as_posix()}")
     experiment = client.get_experiment_by_name("anchored")
+    assert experiment.artifact_location == (tmp_path / "mlruns").as_uri()  # MLflow's ./mlruns
     (run,) = client.search_runs([experiment.experiment_id])
     assert _history(client, run.info.run_id, "loss") == [(0, 0.0), (1, 0.5), (2, 1.0)]
+    texts = (tmp_path / "mlruns").glob("*/artifacts/text/note/step_*.txt")
+    assert sorted(p.read_text() for p in texts) == ["text 0", "text 1", "text 2"]
 
 
 @pytest.mark.slow

@@ -241,10 +241,90 @@ def test_a_delivery_process_dying_with_frames_unread_counts_them_and_leaves_no_f
     assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
     logger.finish()
     (error,) = [m for m in caplog.messages if "delivery process exited" in m]
-    assert "2000 record(s) it had not read" in error
+    assert "2000 record(s) it had not spooled" in error
     assert logger.exporters[0].lost == {"delivery_process": 2010}
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(10))
+
+
+@pytest.mark.parametrize("kill_after", [0.05, 0.3])
+def test_every_record_is_delivered_replayable_or_counted_when_the_delivery_process_dies(
+    tmp_path, caplog, kill_after
+):
+    """Killed while ``finish()`` waits for it, far behind a loop of 30,000 steps: each step is
+    in the tracker once (after replay) or counted lost, never both and never neither. What it
+    had read but not yet spooled is lost too; the count comes from its spools, not from its
+    last report (which missed up to 20,000 and counted some that replay then delivered)."""
+    steps = 30_000
+    logger = Logger(_cfg(tmp_path))
+    pid = logger.exporters[0].link.process.pid
+    for step in range(steps):
+        logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
+    threading.Timer(kill_after, os.kill, (pid, signal.SIGKILL)).start()
+    with caplog.at_level(logging.ERROR, logger="otel_rl"):
+        logger.finish()
+    assert "delivery process exited (code -9) before the run ended" in caplog.text
+    lost = logger.exporters[0].lost
+    assert set(lost) <= {"delivery_process"} and logger.exporters[0].pending == 0
+    replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    arrived = [r["step"] for r in jsonl_rows(tmp_path / "logs" / "metrics.jsonl")]
+    assert arrived == list(range(len(arrived)))  # in order, once each: the lost are the last
+    assert len(arrived) + lost.get("delivery_process", 0) == steps
+
+
+class _RaisingHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        raise RuntimeError("a broken handler")
+
+
+class _SlowHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        time.sleep(0.5)
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.parametrize("handler", [_RaisingHandler, _SlowHandler])
+def test_a_handler_that_raises_or_is_slow_costs_no_counter_nor_the_deadline(
+    tmp_path, capfd, handler
+):
+    """The delivery process's warnings are said through the user's handlers of the ``otel_rl``
+    logger. One that raises (said once on stderr) or takes half a second a line (the lines wait
+    for it, on a thread of their own) must not stop the counters, ``flush()`` or ``finish()``:
+    before, a raising handler ended the thread that reads the delivery process's reports."""
+    cfg = _cfg(tmp_path, tensorboard_enabled=True)
+    cfg["export"] = {**cfg["export"], "shutdown_timeout": 2.0}
+    own = logging.getLogger("otel_rl")
+    installed = handler()
+    own.addHandler(installed)
+    try:
+        logger = Logger(cfg)
+        for step in [0, 1, 2, 1, 3]:  # a backwards step: each tracker warns once
+            logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
+        logger.log_hyperparams({"late": 1})  # TensorBoard warns: after the first step
+        began = time.monotonic()
+        assert logger.flush(10)
+        assert time.monotonic() - began < 2.0
+        began = time.monotonic()
+        logger.finish()
+        assert time.monotonic() - began < 2.0 + 1.0
+    finally:
+        own.removeHandler(installed)
+    assert {e.name: (e.stats["delivered"], e.pending) for e in logger.exporters} == {
+        "tensorboard": (6, 0), "jsonl": (6, 0)
+    }  # fmt: skip
+    err = capfd.readouterr().err
+    if handler is _RaisingHandler:
+        assert "a handler of the otel_rl logger raised RuntimeError: a broken handler" in err
+        assert "went backwards" in err  # the line it was to say
+    else:
+        said = installed.lines + [line for line in err.splitlines() if "not said" in line]
+        assert said, err
 
 
 def test_a_fork_child_neither_delivers_nor_keeps_the_delivery_process_waiting(tmp_path):
@@ -446,8 +526,8 @@ def test_records_still_in_the_pipe_when_finish_gives_up_are_counted_lost(tmp_pat
     assert time.monotonic() - began < 1.0 + 1.5
     assert logger.exporters[0].lost == {"delivery_process": 10}
     messages = [r.getMessage() for r in caplog.records]
-    assert any("what it had not read yet is lost (counted)" in m for m in messages), messages
-    assert any("10 record(s) lost for good in the training process" in m for m in messages)
+    assert any("what it had not spooled yet is lost (counted)" in m for m in messages), messages
+    assert any("10 record(s) lost for good on their way to the delivery" in m for m in messages)
     assert not any("exited (code" in m for m in messages), messages
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(10))
