@@ -18,10 +18,11 @@ from otel_rl.delivery.fanout import Fanout
 
 
 def takes_tables(exporter: Any) -> bool:
-    """Whether the exporter stores tables itself (overrides ``write_table``)."""
+    """Whether the exporter stores tables itself (overrides ``write_table``), also when it runs
+    in the delivery process (``tracker_class``: its class there)."""
     from otel_rl.exporters.base import TrackerExporter
 
-    method = getattr(type(exporter), "write_table", None)
+    method = getattr(getattr(exporter, "tracker_class", type(exporter)), "write_table", None)
     return method is not None and method is not TrackerExporter.write_table
 
 

@@ -160,17 +160,17 @@ class ServiceLink:
     def __init__(
         self,
         argv: Sequence[str],
-        names: Sequence[str],
+        classes: Sequence[type[Any]],
         settings: Mapping[str, Any],
         options: ExportOptions,
         *,
         handoff_dir: Path | None = None,
     ) -> None:
         self._argv = list(argv)
-        self.names = list(names)
+        self.names = [cls.name for cls in classes]
         self._settings = dict(settings)
         self._options = options
-        self.trackers = [ServiceTracker(self, name) for name in self.names]
+        self.trackers = [ServiceTracker(self, cls) for cls in classes]
         self.process: subprocess.Popen[bytes] | None = None
         self._out = -1  # the write end of the records pipe
         self._status: Any = None  # the read end of the status pipe
@@ -791,9 +791,11 @@ class ServiceTracker:
     started = True
     failure = None
 
-    def __init__(self, link: ServiceLink, name: str) -> None:
+    def __init__(self, link: ServiceLink, tracker_class: type[Any]) -> None:
         self.link = link
-        self.name = name
+        self.name: str = tracker_class.name
+        #: The class of the tracker in the delivery process (what it supports, e.g. tables).
+        self.tracker_class = tracker_class
 
     @property
     def stats(self) -> dict[str, int]:

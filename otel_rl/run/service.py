@@ -10,6 +10,7 @@ training process died without telling, once the pipe is empty: closed as killed,
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -163,6 +164,9 @@ def serve(records_fd: int, status: Status) -> int:
     cfg = settings["cfg"]
     os.chdir(settings["cwd"])
     spool_for(int(settings["pid"]))
+    here = set(settings["sys_path"])
+    sys.path[:] = [*settings["sys_path"], *(p for p in sys.path if p not in here)]
+    importlib.invalidate_caches()
     try:
         trackers = RunTrackers(
             cfg, (), run_id=settings["run_id"], here=True,

@@ -60,9 +60,10 @@ class RunTrackers:
         if cfg["export"]["delivery"] == "process" and classes and not here:
             self.link = ServiceLink(
                 [sys.executable, "-m", "otel_rl.run.service"],
-                [cls.name for cls in classes],
+                classes,
+                # sys.path: trackers (and their entry points) importable here are there too.
                 {"cfg": dict(cfg), "run_id": run_id, "cwd": os.getcwd(), "pid": os.getpid(),
-                 "log_level": _log.getEffectiveLevel()},
+                 "log_level": _log.getEffectiveLevel(), "sys_path": list(sys.path)},
                 options,
                 handoff_dir=handoff_dir(self._log_dir) if cfg["export"]["spool"] else None,
             )

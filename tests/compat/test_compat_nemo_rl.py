@@ -160,6 +160,18 @@ def test_grpo_script_writes_nemo_rl_tags_and_values(log_dir):
     assert "What is 4 + 4?" not in table
 
 
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_sample_tables_reach_tensorboard_wherever_the_trackers_run(tmp_path, delivery):
+    """With ``export.delivery: process`` the drop-in's trackers are stand-ins for those of the
+    delivery process: a table still reaches each tracker that stores tables (it was skipped,
+    as if TensorBoard had no table)."""
+    rows = [[3, 0, 1, 0.5, "USER: hi"], [3, 0, 2, 1.0, "USER: bye"]]
+    with Logger(nemo_config(tmp_path / "logs", export={"delivery": delivery})) as logger:
+        assert logger.log_samples_table(rows, step=3) == ["tensorboard"]
+    ((step, table),) = _texts(tmp_path / "logs" / "tensorboard", "validation/samples")
+    assert step == 3 and "| 3 | 0 | 2 | 1.0 | USER: bye |" in table
+
+
 def test_compat_imports_are_light():
     code = (
         "import sys, otel_rl.compat.nemo_rl, otel_rl.compat.verl; "

@@ -98,13 +98,17 @@ def read_lines(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_installed_tracker_is_found_and_used_by_name(installed_tracker, tmp_path):
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_installed_tracker_is_found_and_used_by_name(installed_tracker, tmp_path, delivery):
+    """Also by the delivery process, which imports what the training process can (the folder
+    put on ``sys.path`` at run time here)."""
     assert available_exporters()["jsonfile"] == f"{PACKAGE}:JsonFileTracker"
     assert exporter_class("jsonfile").__module__ == PACKAGE
 
     out = tmp_path / "rows.jsonl"
     cfg = {"log_dir": str(tmp_path / "logs"), "jsonl_enabled": False,
-           "trackers": {"jsonfile": {"path": str(out), "tag": "run-a"}}}
+           "trackers": {"jsonfile": {"path": str(out), "tag": "run-a"}},
+           "export": {"delivery": delivery}}
     with Logger(cfg) as logger:
         assert [e.name for e in logger.exporters] == ["jsonfile"]
         logger.log_hyperparams({"lr": 0.5})
