@@ -201,11 +201,14 @@ class Event(Record):
 
 
 def plain(value: Any) -> Any:
-    """``value`` as JSON can hold it: scalars as they are, sequences as lists, the rest as text."""
+    """``value`` as JSON can hold it: scalars as they are, sequences as lists, mappings as
+    objects (a list of dicts, e.g. a scheduler's config, arrives as one), the rest as text."""
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
     return str(value)
 
 

@@ -101,6 +101,29 @@ def test_an_instance_given_with_the_name_of_a_tracker_there_spools_beside_it(tmp
     assert sorted(p.name for p in spool_root(tmp_path / "logs").iterdir()) == ["jsonl", "jsonl-2"]
 
 
+def test_nested_hyperparameters_arrive_as_in_thread_mode(tmp_path):
+    """A list of mappings (a scheduler's config) among the hyperparameters reaches the trackers of
+    the delivery process as it reaches them in-process: before, each mapping inside a list
+    arrived as its ``str`` (a tuple still arrives as a list, as replay gives it)."""
+    from testkit.readers import tensorboard_accumulator
+
+    params = {"policy": {"scheduler": [{"name": "LinearLR", "kwargs": {"start_factor": 0.1}},
+                                       {"milestones": [50]}], "betas": [0.9, 0.99]}}  # fmt: skip
+    seen = {}
+    for delivery in ("thread", "process"):
+        log_dir = tmp_path / delivery
+        cfg = {"log_dir": str(log_dir), "jsonl_enabled": True, "tensorboard_enabled": True,
+               "export": {"delivery": delivery}}  # fmt: skip
+        with Logger(cfg) as logger:
+            logger.log_hyperparams(params)
+            logger.log_metrics({"loss": 1.0}, step=0)
+        acc = tensorboard_accumulator(log_dir / "tensorboard")
+        text = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("hyperparams")]
+        seen[delivery] = (json.loads((log_dir / "hyperparams.json").read_text()), text)
+    assert seen["process"] == seen["thread"]
+    assert "{'name': 'LinearLR', 'kwargs': {'start_factor': 0.1}}" in seen["process"][1][0]
+
+
 def test_a_killed_training_process_loses_nothing_it_handed_over(tmp_path):
     """SIGKILL right after the last log_metrics: the delivery process still reads the pipe to
     its end, writes every step once, and closes the run as killed; the step still being logged
