@@ -216,6 +216,7 @@ class ServiceLink:
         self._saying: threading.Thread | None = None
         self.remote_stats: dict[str, dict[str, int]] = {name: {} for name in self.names}
         self.remote_undelivered: dict[str, int] = {}
+        self.remote_runs: dict[str, dict[str, Any]] = {}  # each tracker's resume_config
         #: Each tracker's spool folder in the child (None: no spool), known once it started.
         self.spool_dirs: dict[str, Path | None] = {}
         #: Records this process could not hand to the child, by tracker and reason.
@@ -622,6 +623,7 @@ class ServiceLink:
         for name, stats in (message.get("stats") or {}).items():
             if name in self.remote_stats:
                 self.remote_stats[name] = {str(k): int(v) for k, v in stats.items()}
+        self.remote_runs.update(message.get("runs") or {})
         if "flushed" in message:
             with self._cond:
                 self._flushed[int(message["flushed"])] = bool(message.get("ok"))
@@ -814,6 +816,12 @@ class ServiceTracker:
     def spool_dir(self) -> Path | None:
         """The tracker's spool folder (the run's checkpoints of a pending step go there too)."""
         return self.link.spool_dirs.get(self.name)
+
+    @property
+    def resume_config(self) -> dict[str, Any]:
+        """The tracker's run, as its ``resume_config`` names it in the delivery process (e.g.
+        ``{"mlflow": {"run_id": ...}}``), known once it opened the run and reported it."""
+        return self.link.remote_runs.get(self.name, {})
 
     @property
     def undelivered(self) -> int:

@@ -133,8 +133,13 @@ class LogToTrainingProcess(logging.Handler):
             self.handleError(record)
 
 
-def counters(exporters: Sequence[Any]) -> dict[str, dict[str, int]]:
-    return {e.name: {**e.stats, "pending": e.pending} for e in exporters}
+def status_of(exporters: Sequence[Any]) -> dict[str, Any]:
+    """Each tracker's counters, and its run as ``resume_config`` names it (e.g. MLflow's run id,
+    known once the tracker has opened it)."""
+    return {
+        "stats": {e.name: {**e.stats, "pending": e.pending} for e in exporters},
+        "runs": {e.name: e.resume_config for e in exporters if getattr(e, "resume_config", None)},
+    }
 
 
 def unreadable(exporters: Sequence[Any], exc: Exception, warned: set[str]) -> None:
@@ -186,7 +191,7 @@ def serve(records_fd: int, status: Status) -> int:
 
     def report() -> None:
         while not done.wait(_STATS_EVERY):
-            status.send(stats=counters(exporters))
+            status.send(**status_of(exporters))
 
     threading.Thread(target=report, name="otel-rl-delivery-stats", daemon=True).start()
     warned: set[str] = set()
@@ -209,15 +214,14 @@ def serve(records_fd: int, status: Status) -> int:
         elif message[0] == "flush":
             deadline = Deadline(float(message[2]))
             ok = all(e.force_flush(timeout_millis=deadline.left() * 1000) for e in exporters)
-            status.send(flushed=message[1], ok=ok, stats=counters(exporters))
+            status.send(flushed=message[1], ok=ok, **status_of(exporters))
         elif message[0] == "end":
             exit_code, seconds = int(message[1]), float(message[2])
             break
     deadline = Deadline(seconds)
     stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + CHILD_GRACE)
     done.set()
-    status.send(stats=counters(exporters),
-                finished={e.name: int(e.undelivered) for e in exporters})  # fmt: skip
+    status.send(**status_of(exporters), finished={e.name: int(e.undelivered) for e in exporters})
     return 0
 
 

@@ -186,6 +186,27 @@ def test_a_relative_sqlite_uri_stays_where_logger_ran_after_chdir(tmp_path, monk
 
 
 @pytest.mark.slow
+def test_the_run_id_is_known_to_the_training_process_with_a_delivery_process(tmp_path):
+    """The MLflow run is opened in the delivery process; its stand-in here names it through
+    ``resume_config`` as the exporter itself does, once the run has started."""
+    from mlflow import MlflowClient
+
+    db = f"sqlite:///{(tmp_path / 'runs.db').as_posix()}"
+    cfg = {"log_dir": str(tmp_path / "logs"), "mlflow_enabled": True,
+           "mlflow": {"tracking_uri": db, "experiment_name": "ids"},
+           "export": {"delivery": "process"}}  # fmt: skip
+    with Logger(cfg) as logger:
+        logger.log_metrics({"loss": 0.5}, step=0)
+        assert logger.flush(30)
+        mlflow = next(e for e in logger.exporters if e.name == "mlflow")
+        run_id = mlflow.resume_config["mlflow"]["run_id"]
+    client = MlflowClient(tracking_uri=db)
+    (run,) = client.search_runs([client.get_experiment_by_name("ids").experiment_id])
+    assert run.info.run_id == run_id
+    assert _history(client, run_id, "loss") == [(0, 0.5)]
+
+
+@pytest.mark.slow
 def test_file_store_keeps_a_metric_next_to_its_own_subfolder(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
