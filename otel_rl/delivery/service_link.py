@@ -693,9 +693,9 @@ class ServiceLink:
             self._close_handoff()  # a file never named in the pipe: the child reads it at EOF
             with contextlib.suppress(OSError):
                 os.close(self._out)
-        # The child gives up CHILD_GRACE after the deadline; a little after that, it is stopped
-        # here, and what it never read is counted.
-        finished = self._events["finished"].wait(deadline.left() + CHILD_GRACE + 0.2)
+        # The child gives up CHILD_GRACE after the deadline; a little after that, it is killed
+        # here and what it never spooled is counted, within the run's grace second.
+        finished = self._events["finished"].wait(deadline.left() + CHILD_GRACE + 0.1)
         if not first:
             return
         if not finished and self.process is not None and self.process.poll() is None:
@@ -763,7 +763,7 @@ class ServiceLink:
             with contextlib.suppress(OSError):
                 self.process.send_signal(signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(0.2)
+                self.process.wait(0.1)
 
     def abandon_after_fork(self) -> None:
         """In a fork child: close this process's copies of the pipes (the child then sees the

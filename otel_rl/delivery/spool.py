@@ -455,14 +455,27 @@ def _placed(lines: list[Skipped], seqs: range | None, acks: Acks) -> list[Skippe
 
 def last_seq(directory: Path, acks: Acks | None = None) -> int:
     """The sequence number of the last whole record a spool holds or held (0 for none), read
-    from the marks and the last segment only."""
+    from the marks and the end of the last segment only (a segment holds up to 20,000 records:
+    tens of megabytes, too many to read back on a deadline)."""
     last = (acks or read_acks(directory)).upto
     segments = segment_paths(directory)
     if segments:
-        last = max(last, _first_seq(segments[-1]) - 1)
-        for seq, _, _ in read_segment(segments[-1]):
-            last = max(last, seq)
+        last = max(last, _first_seq(segments[-1]) - 1, _last_seq_in(segments[-1]))
     return last
+
+
+def _last_seq_in(path: Path) -> int:
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - _TAIL_SCAN))
+        lines = f.read().split(b"\n")[:-1]  # what follows the last newline is no whole line
+    for raw in reversed(lines[1:] if size > _TAIL_SCAN else lines):
+        try:
+            return decode_record(raw.decode("utf-8"))[0]
+        except (CorruptRecord, UnicodeDecodeError):
+            continue
+    # A damaged tail (or records larger than the scan): the whole segment, as replay reads it.
+    return max((seq for seq, _, _ in read_segment(path)), default=0)
 
 
 def waiting_records(directory: Path) -> int:

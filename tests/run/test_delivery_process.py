@@ -398,9 +398,10 @@ def test_values_of_the_scripts_own_classes_arrive_as_in_thread_mode_or_cost_only
     mods.mkdir()
     (mods / "onlyhere.py").write_text("class Label(str):\n    pass\n")
     script = textwrap.dedent(f"""
-        import enum, json, sys
-        sys.path.insert(0, {str(mods)!r})  # the delivery process never sees this folder
+        import enum, json, shutil, sys
+        sys.path.insert(0, {str(mods)!r})
         import onlyhere
+        shutil.rmtree({str(mods)!r})  # imported here; the delivery process cannot import it
         from otel_rl import Logger
         class Phase(str, enum.Enum):
             TRAIN = "train"
