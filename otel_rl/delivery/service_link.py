@@ -739,7 +739,8 @@ class ServiceLink:
             if self._unread_lost:
                 return 0
             self._unread_lost = True
-            unread = {name: self._unspooled(name) for name in self.names}
+        unread = {name: self._unspooled(name) for name in self.names}  # reads files: unlocked
+        with self._cond:
             for name, count in unread.items():
                 self._count("delivery_process", (name,), count)
         self._close_handoff()
