@@ -243,12 +243,7 @@ def test_a_delivery_process_dying_with_frames_unread_counts_them_and_leaves_no_f
     """Stopped with frames in the pipe and in handoff files, then killed: what it never read is
     counted lost with what is logged after it (every step is either in the JSONL file or
     counted), its error line says how many, and no handoff file is left behind."""
-    logger = Logger(_cfg(tmp_path))
-    for step in range(10):
-        logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
-    assert logger.flush(30)
-    time.sleep(0.5)  # the child's counters of these ten are reported
-    pid = _stop_the_delivery_process(logger)
+    logger, pid = _ten_steps_then_stopped(tmp_path)
     for step in range(10, 2010):
         logger.log_metrics({"x": float(step), "pad": "p" * 2000}, step=step, step_finished=True)
     time.sleep(0.2)  # the pusher hands the backlog to the file meanwhile
@@ -431,6 +426,19 @@ def _stop_the_delivery_process(logger: Logger) -> int:
     return pid
 
 
+def _ten_steps_then_stopped(tmp_path: Path, **export: object) -> tuple[Logger, int]:
+    """A run whose delivery process has delivered ten steps (its counters of them reported
+    here), then is stopped (SIGSTOP): what is logged next stays unread. Returns its pid too."""
+    cfg = _cfg(tmp_path)
+    cfg["export"] = {**cfg["export"], **export}
+    logger = Logger(cfg)
+    for step in range(10):
+        logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
+    assert logger.flush(30)
+    time.sleep(0.5)
+    return logger, _stop_the_delivery_process(logger)
+
+
 @pytest.mark.parametrize("pad", [2000, 6000], ids=["rows-under-PIPE_BUF", "rows-over-PIPE_BUF"])
 def test_a_delivery_process_that_stops_reading_never_makes_the_loop_wait(tmp_path, pad):
     """SIGSTOP stands in for a delivery process far behind: what the pipe cannot take goes to
@@ -534,14 +542,7 @@ def test_without_a_handoff_file_a_stopped_delivery_process_holds_one_call_at_mos
 
 
 def test_records_still_in_the_pipe_when_finish_gives_up_are_counted_lost(tmp_path, caplog):
-    cfg = _cfg(tmp_path)
-    cfg["export"] = {**cfg["export"], "shutdown_timeout": 1.0}
-    logger = Logger(cfg)
-    for step in range(10):
-        logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
-    assert logger.flush(30)
-    time.sleep(0.5)  # the child's counters of these ten are reported
-    _stop_the_delivery_process(logger)
+    logger, _ = _ten_steps_then_stopped(tmp_path, shutdown_timeout=1.0)
     for step in range(10, 20):
         logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
     began = time.monotonic()
@@ -604,14 +605,7 @@ def test_frames_in_handoff_files_when_finish_gives_up_are_counted_lost_and_the_f
     """``finish()`` keeps its deadline while the delivery process is stopped with frames in
     handoff files: it is stopped, what it had not read is counted lost (``delivery_process``),
     and no handoff file is left behind."""
-    cfg = _cfg(tmp_path)
-    cfg["export"] = {**cfg["export"], "shutdown_timeout": 1.0}
-    logger = Logger(cfg)
-    for step in range(10):
-        logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
-    assert logger.flush(30)
-    time.sleep(0.5)  # the child's counters of these ten are reported
-    _stop_the_delivery_process(logger)
+    logger, _ = _ten_steps_then_stopped(tmp_path, shutdown_timeout=1.0)
     for step in range(10, 2010):
         logger.log_metrics({"x": float(step), "pad": "p" * 2000}, step=step, step_finished=True)
     time.sleep(0.2)  # the pusher hands the backlog to the file meanwhile
