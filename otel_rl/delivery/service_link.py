@@ -100,12 +100,9 @@ def _record_fields(record: Any) -> tuple[Any, ...]:
     """A step as its rows (computed here, once for every tracker); other kinds as their spool
     encoding, which the child decodes the same way."""
     if type(record) is StepBatch:
-        # Without OTel data the rows are the logged values: no copy of them is made.
-        values = record.values
-        rows = values if not record.otel and type(values) is dict else record.rows
         return (
             "step", record.step, record.time, record.axis, dict(record.step_metrics),
-            rows, record.seal, record.provisional,
+            record.rows, record.seal, record.provisional,
         )  # fmt: skip
     if isinstance(record, Record):
         return ("kind", record.kind, record.encode())
