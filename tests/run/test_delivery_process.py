@@ -204,6 +204,49 @@ def test_finish_keeps_its_deadline_when_a_tracker_hangs_there_and_replay_deliver
     assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(30)]
 
 
+def test_a_replay_right_after_a_kill_waits_for_the_delivery_process_still_delivering(
+    tmp_path,
+):
+    """SIGKILL while a tracker hangs in the delivery process: until it has given up (its
+    ``shutdown_timeout`` after reading everything) it holds the spool, so a replay says who
+    holds it (the killed training process) and exits 75; ``--wait`` waits for it and then
+    delivers every step once."""
+    control = tmp_path / "control"
+    set_mode(control, "slow 1000")
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from otel_rl import Logger
+        cfg = {_cfg(tmp_path)!r}
+        cfg["jsonl_enabled"] = False
+        cfg["trackers"] = {{"faultfile": {{"path": {str(tmp_path / "rows.jsonl")!r},
+                                           "control": {str(control)!r}}}}}
+        cfg["export"]["shutdown_timeout"] = 3.0
+        logger = Logger(cfg)
+        print(os.getpid(), flush=True)
+        for step in range(20):
+            logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = env_with_faultfile(tmp_path)
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:  # the delivery process keeps the output open after the kill
+        done = subprocess.run([sys.executable, "-c", script], env=env, stdout=sink,
+                              stderr=subprocess.STDOUT, timeout=120)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, out.read_text()
+    pid = out.read_text().split()[0]
+    busy = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert busy.returncode == 75, busy.stdout + busy.stderr
+    assert f"in use by the training run (pid {pid}, its delivery process pid" in busy.stdout
+    set_mode(control, "ok")
+    waited = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress", "--wait", "60"],
+                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    rows = read_rows(tmp_path / "rows.jsonl")
+    assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(20)]
+
+
 def test_a_run_id_in_use_is_refused_at_logger_with_the_delivery_process_reason(tmp_path):
     first = Logger(_cfg(tmp_path, run_id="same"))
     try:
@@ -307,16 +350,19 @@ class _SlowHandler(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-@pytest.mark.parametrize("handler", [_RaisingHandler, _SlowHandler])
+@pytest.mark.parametrize(
+    ("handler", "delivery"),
+    [(_RaisingHandler, "process"), (_SlowHandler, "process"), (_RaisingHandler, "thread")],
+)
 def test_a_handler_that_raises_or_is_slow_costs_no_counter_nor_the_deadline(
-    tmp_path, capfd, handler
+    tmp_path, capfd, handler, delivery
 ):
     """The delivery process's warnings are said through the user's handlers of the ``otel_rl``
     logger. One that raises (said once on stderr) or takes half a second a line (the lines wait
     for it, on a thread of their own) must not stop the counters, ``flush()`` or ``finish()``:
     before, a raising handler ended the thread that reads the delivery process's reports."""
     cfg = _cfg(tmp_path, tensorboard_enabled=True)
-    cfg["export"] = {**cfg["export"], "shutdown_timeout": 2.0}
+    cfg["export"] = {**cfg["export"], "shutdown_timeout": 2.0, "delivery": delivery}
     own = logging.getLogger("otel_rl")
     installed = handler()
     own.addHandler(installed)
@@ -333,9 +379,8 @@ def test_a_handler_that_raises_or_is_slow_costs_no_counter_nor_the_deadline(
         assert time.monotonic() - began < 2.0 + 1.0
     finally:
         own.removeHandler(installed)
-    assert {e.name: (e.stats["delivered"], e.pending) for e in logger.exporters} == {
-        "tensorboard": (6, 0), "jsonl": (6, 0)
-    }  # fmt: skip
+    assert {e.name: (e.stats["delivered"], e.pending, e.stats["retries"])
+            for e in logger.exporters} == {"tensorboard": (6, 0, 0), "jsonl": (6, 0, 0)}
     err = capfd.readouterr().err
     if handler is _RaisingHandler:
         assert "a handler of the otel_rl logger raised RuntimeError: a broken handler" in err
