@@ -63,6 +63,7 @@ from otel_rl.core.records import Record, StepBatch
 from otel_rl.delivery.channel import COUNTERS
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.spool import last_seq, private_dirs
+from otel_rl.process.cores import keep_to, spare_cores
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 
@@ -196,6 +197,7 @@ class ServiceLink:
         self._sent: dict[str, int] = dict.fromkeys(self.names, 0)
         self._checkpoints_sent: dict[str, int] = dict.fromkeys(self.names, 0)
         self._spooled_from: dict[str, int] = {}  # each spool's last record before the run
+        self._cores: frozenset[int] | None = None  # where this end's threads run
         self._killed = False
         self._unread_lost = False  # what the child never read is counted (once)
         self.dead = False
@@ -233,6 +235,10 @@ class ServiceLink:
     def start(self, timeout: float = 120.0) -> None:
         """Start the child and wait until its trackers are started (their spools taken);
         raise :class:`ConfigError` with the child's reason when they cannot be."""
+        # The delivery process and this end's threads keep off the caller's (the training
+        # thread's) core: otel_rl/process/cores.py says why.
+        self._cores = spare_cores()
+        self._settings["cores"] = None if self._cores is None else sorted(self._cores)
         records_r, records_w = os.pipe()
         status_r, status_w = os.pipe()
         with contextlib.suppress(OSError):  # a smaller pipe only brings the backlog in sooner
@@ -389,6 +395,7 @@ class ServiceLink:
         reads the file there, in order, then deletes it. A file whose name never reached the
         pipe (this process was killed) is read when the pipe ends. So the caller does not wait
         for a child that is behind, and a kill loses no more than it would in-process."""
+        keep_to(self._cores)
         poller = select.poll()
         poller.register(self._out, select.POLLOUT)
         while True:
@@ -569,6 +576,7 @@ class ServiceLink:
     # ---- the status reader thread --------------------------------------------------------------
 
     def _read_status(self) -> None:
+        keep_to(self._cores)
         for line in self._status:
             try:
                 message = json.loads(line)
@@ -632,6 +640,7 @@ class ServiceLink:
     def _say_lines(self) -> None:
         """The child's log lines through the ``otel_rl`` logger, on a thread of their own: a
         slow handler of the user's delays the lines, never the counters or the end of the run."""
+        keep_to(self._cores)
         while True:
             level, text = self._lines.get()
             _log.log(level, "%s", text)

@@ -29,6 +29,7 @@ from otel_rl.delivery.fanout import Fanout
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.service_link import CHILD_GRACE, decode_record
 from otel_rl.delivery.spool import spool_for
+from otel_rl.process.cores import keep_process_to
 from otel_rl.process.deadline import Deadline, stop_in_parallel
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import KILLED_EXIT_CODE
@@ -162,6 +163,7 @@ def serve(records_fd: int, status: Status) -> int:
     if hello is None or hello[0] != "hello":
         return 2
     settings = hello[1]
+    keep_process_to(settings.get("cores"))  # off the training thread's core
     own_log = logging.getLogger("otel_rl")
     own_log.addHandler(LogToTrainingProcess(status))
     own_log.setLevel(settings["log_level"])  # the training process's: it says the lines
