@@ -63,7 +63,7 @@ from otel_rl.core.records import Record, StepBatch
 from otel_rl.delivery.channel import COUNTERS
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.spool import last_seq, private_dirs
-from otel_rl.process.cores import keep_to, spare_cores
+from otel_rl.process.cores import keep_to, spare_cores, thread_cores
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 
@@ -235,10 +235,11 @@ class ServiceLink:
     def start(self, timeout: float = 120.0) -> None:
         """Start the child and wait until its trackers are started (their spools taken);
         raise :class:`ConfigError` with the child's reason when they cannot be."""
-        # The delivery process and this end's threads keep off the caller's (the training
-        # thread's) core: otel_rl/process/cores.py says why.
-        self._cores = spare_cores()
-        self._settings["cores"] = None if self._cores is None else sorted(self._cores)
+        # The delivery process keeps off the caller's (the training thread's) core, and so do
+        # this end's threads where that leaves them two cores or more: otel_rl/process/cores.py.
+        cores = spare_cores()
+        self._settings["cores"] = None if cores is None else sorted(cores)
+        self._cores = thread_cores(cores)
         records_r, records_w = os.pipe()
         status_r, status_w = os.pipe()
         with contextlib.suppress(OSError):  # a smaller pipe only brings the backlog in sooner

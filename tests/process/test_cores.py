@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from otel_rl import Logger
-from otel_rl.process.cores import current_core, keep_to, spare_cores
+from otel_rl.process.cores import current_core, keep_to, spare_cores, thread_cores
 from testkit.readers import jsonl_rows
 
 pytestmark = pytest.mark.skipif(
@@ -57,6 +57,12 @@ def test_a_thread_kept_to_one_core_is_told_that_core_and_has_none_to_spare():
         assert in_thread(pinned) == (core, None, {core})
 
 
+def test_background_threads_get_the_spare_cores_only_where_two_or_more_are_spare():
+    assert thread_cores(None) is None
+    assert thread_cores(frozenset({3})) is None
+    assert thread_cores(frozenset({0, 2})) == {0, 2}
+
+
 def test_the_spare_cores_are_the_allowed_ones_but_the_callers():
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
@@ -84,9 +90,13 @@ def test_the_delivery_process_and_its_threads_keep_off_the_training_threads_core
         assert len(kept) == 1
         spare = set(kept.pop())
         assert spare < allowed and len(allowed - spare) == 1
+        # This end's threads keep off it too where that leaves them two cores; with one spare
+        # (a 2-core machine) they run anywhere: kept to one core, a thread holding the GIL
+        # would wait there behind everything else.
+        threads_on = spare if len(spare) >= 2 else allowed
         here = {t.name: t.native_id for t in threading.enumerate()}
         for name in ("otel-rl-delivery-pipe", "otel-rl-delivery-status"):
-            assert allowed_cores(os.getpid(), here[name]) == spare, name
+            assert allowed_cores(os.getpid(), here[name]) == threads_on, name
         # The training thread itself is left as it was.
         assert allowed_cores(os.getpid(), threading.get_native_id()) == allowed
     finally:
