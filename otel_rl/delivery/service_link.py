@@ -62,7 +62,7 @@ from otel_rl.core.failures import LOSS_REASONS, count_loss, describe_losses, los
 from otel_rl.core.records import Record, StepBatch
 from otel_rl.delivery.channel import COUNTERS
 from otel_rl.delivery.options import ExportOptions
-from otel_rl.delivery.spool import last_seq, private_dirs
+from otel_rl.delivery.spool import last_seq, private_dirs, waiting_records
 from otel_rl.process.cores import keep_to, spare_cores, thread_cores
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
@@ -598,6 +598,7 @@ class ServiceLink:
             self._events["started"].set()
         elif not self._killed and (not was_ended or not self._events["finished"].is_set()):
             unread = self._lose_unread()
+            self._left_in_spools()
             _log.error(
                 "otel-rl: the delivery process exited (code %s) before the run ended; %d "
                 "record(s) it had not spooled and those for %s from now on are lost (counted), "
@@ -715,6 +716,16 @@ class ServiceLink:
                 "otel-rl replay, what it had not spooled yet is lost (counted)",
                 ", ".join(self.names),
             )  # fmt: skip
+            cfg = self._settings["cfg"]
+            for name, left in self._left_in_spools().items():
+                # What each tracker's channel would have said at its close, had it got there.
+                _log.warning(
+                    "otel-rl: %s: %d record(s) not delivered before the shutdown timeout "
+                    "(export.shutdown_timeout: %g s; the delivery process was killed there). "
+                    "They are in the spool (%s); deliver them with: otel-rl replay %s",
+                    name, left, cfg["export"]["shutdown_timeout"], self.spool_dirs[name],
+                    cfg["log_dir"],
+                )  # fmt: skip
         for name in self.names:
             lost = losses(self.local_stats[name])
             if lost:
@@ -756,6 +767,19 @@ class ServiceLink:
             for path in Path(folder).glob(f"handoff-{os.getpid()}-*.frames"):
                 path.unlink(missing_ok=True)
         return sum(unread.values())
+
+    def _left_in_spools(self) -> dict[str, int]:
+        """The child ended without saying what it left (killed, or died): each spooled
+        tracker's records not marked done, read from its spool (its marks and the end of its
+        last segment), known from then on as the tracker's ``undelivered``. Returns those
+        with records left."""
+        left: dict[str, int] = {}
+        for name, folder in self.spool_dirs.items():
+            if folder is not None and name not in self.remote_undelivered:
+                with contextlib.suppress(OSError):
+                    left[name] = waiting_records(folder)
+        self.remote_undelivered.update(left)
+        return {name: count for name, count in left.items() if count}
 
     def _unspooled(self, name: str) -> int:
         remote = self.remote_stats[name]

@@ -204,6 +204,61 @@ def test_finish_keeps_its_deadline_when_a_tracker_hangs_there_and_replay_deliver
     assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(30)]
 
 
+def test_a_delivery_process_killed_at_the_deadline_says_what_each_spool_keeps_for_replay(
+    tmp_path,
+):
+    """The delivery process never reaches the end of the run (stopped here: SIGSTOP, as one far
+    behind), so its channels never say what they leave: the training process says it for them,
+    from the spools, as thread mode's channels do, and ``undelivered`` counts it. Replay then
+    delivers exactly those records."""
+    control = tmp_path / "control"
+    set_mode(control, "ok")
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from otel_rl import Logger
+        from otel_rl.delivery.spool import waiting_records
+        from tests.faults.fault_tracker import set_mode
+        cfg = {_cfg(tmp_path)!r}
+        cfg["jsonl_enabled"] = False
+        cfg["trackers"] = {{"faultfile": {{"path": {str(tmp_path / "rows.jsonl")!r},
+                                           "control": {str(control)!r}}}}}
+        cfg["export"]["shutdown_timeout"] = 1.0
+        logger = Logger(cfg)
+        for step in range(10):
+            logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
+        assert logger.flush(30)
+        set_mode({str(control)!r}, "raise")  # the backend is down: the rest stays spooled
+        for step in range(10, 30):
+            logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
+        tracker = logger.exporters[0]
+        ends = time.monotonic() + 30
+        while waiting_records(tracker.spool_dir) < 20 and time.monotonic() < ends:
+            time.sleep(0.05)
+        os.kill(tracker.link.process.pid, signal.SIGSTOP)
+        logger.finish()
+        print("UNDELIVERED", tracker.undelivered, "LOST", tracker.lost, file=sys.stderr)
+    """)
+    env = env_with_faultfile(tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "UNDELIVERED 20 LOST {}" in done.stderr, done.stderr
+    spool = next((spool_root(tmp_path / "logs") / "faultfile").iterdir())
+    said = (
+        "faultfile: 20 record(s) not delivered before the shutdown timeout (export.shutdown_timeout"
+        f": 1 s; the delivery process was killed there). They are in the spool ({spool}); deliver "
+        f"them with: otel-rl replay {tmp_path / 'logs'}"
+    )
+    assert said in done.stderr, done.stderr
+    assert [s for s, _ in read_rows(tmp_path / "rows.jsonl")] == list(range(10))
+    set_mode(control, "ok")
+    replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"], env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    rows = read_rows(tmp_path / "rows.jsonl")
+    assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(30)]
+
+
 def test_a_replay_right_after_a_kill_waits_for_the_delivery_process_still_delivering(
     tmp_path,
 ):
