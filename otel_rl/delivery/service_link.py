@@ -709,6 +709,7 @@ class ServiceLink:
         if not finished and self.process is not None and self.process.poll() is None:
             self._killed = True
             self._kill()
+            self._events["finished"].wait(0.1)  # the status thread has read the last report
             self._lose_unread()
             _log.warning(
                 "otel-rl: the delivery process had not ended (closing %s, or stopped) at the "
@@ -775,9 +776,17 @@ class ServiceLink:
         with records left."""
         left: dict[str, int] = {}
         for name, folder in self.spool_dirs.items():
-            if folder is not None and name not in self.remote_undelivered:
-                with contextlib.suppress(OSError):
-                    left[name] = waiting_records(folder)
+            if folder is None or name in self.remote_undelivered:
+                continue
+            with contextlib.suppress(OSError):
+                left[name] = waiting = waiting_records(folder)
+                if name in self._spooled_from:
+                    # The child's last report is up to a quarter second old; what it marked done
+                    # since is in the spool too (a checkpoint is spooled, never delivered).
+                    spooled = last_seq(folder) - self._spooled_from[name]
+                    done = spooled - self._checkpoints_sent[name] - waiting
+                    stats = self.remote_stats[name]
+                    stats["delivered"] = max(stats.get("delivered", 0), done)
         self.remote_undelivered.update(left)
         return {name: count for name, count in left.items() if count}
 
