@@ -162,21 +162,29 @@ def test_a_killed_training_process_loses_nothing_it_handed_over(tmp_path):
     ]
 
 
-def test_finish_keeps_its_deadline_when_a_tracker_hangs_there_and_replay_delivers_the_rest(
-    tmp_path,
-):
-    control = tmp_path / "control"
-    set_mode(control, "ok")
-    script = textwrap.dedent(f"""
-        import sys, time
+def _faultfile_script(tmp_path: Path, control: Path, shutdown_timeout: float, body: str) -> str:
+    """A training script whose one tracker is ``faultfile`` (rows to ``rows.jsonl``, told how to
+    behave by ``control``), in the delivery process; ``body`` runs after ``Logger(cfg)``."""
+    return textwrap.dedent(f"""
+        import os, signal, sys, time
         from otel_rl import Logger
+        from otel_rl.delivery.spool import waiting_records
         from tests.faults.fault_tracker import set_mode
         cfg = {_cfg(tmp_path)!r}
         cfg["jsonl_enabled"] = False
         cfg["trackers"] = {{"faultfile": {{"path": {str(tmp_path / "rows.jsonl")!r},
                                            "control": {str(control)!r}}}}}
-        cfg["export"]["shutdown_timeout"] = 2.0
+        cfg["export"]["shutdown_timeout"] = {shutdown_timeout!r}
         logger = Logger(cfg)
+    """) + textwrap.dedent(body)
+
+
+def test_finish_keeps_its_deadline_when_a_tracker_hangs_there_and_replay_delivers_the_rest(
+    tmp_path,
+):
+    control = tmp_path / "control"
+    set_mode(control, "ok")
+    script = _faultfile_script(tmp_path, control, 2.0, f"""
         for step in range(30):
             if step == 15:
                 set_mode({str(control)!r}, "slow 1000")
@@ -213,17 +221,7 @@ def test_a_delivery_process_killed_at_the_deadline_says_what_each_spool_keeps_fo
     delivers exactly those records."""
     control = tmp_path / "control"
     set_mode(control, "ok")
-    script = textwrap.dedent(f"""
-        import os, signal, sys, time
-        from otel_rl import Logger
-        from otel_rl.delivery.spool import waiting_records
-        from tests.faults.fault_tracker import set_mode
-        cfg = {_cfg(tmp_path)!r}
-        cfg["jsonl_enabled"] = False
-        cfg["trackers"] = {{"faultfile": {{"path": {str(tmp_path / "rows.jsonl")!r},
-                                           "control": {str(control)!r}}}}}
-        cfg["export"]["shutdown_timeout"] = 1.0
-        logger = Logger(cfg)
+    script = _faultfile_script(tmp_path, control, 1.0, f"""
         for step in range(10):
             logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
         assert logger.flush(30)
@@ -268,18 +266,10 @@ def test_a_replay_right_after_a_kill_waits_for_the_delivery_process_still_delive
     delivers every step once."""
     control = tmp_path / "control"
     set_mode(control, "slow 1000")
-    script = textwrap.dedent(f"""
-        import os, signal, time
-        from otel_rl import Logger
-        cfg = {_cfg(tmp_path)!r}
-        cfg["jsonl_enabled"] = False
-        cfg["trackers"] = {{"faultfile": {{"path": {str(tmp_path / "rows.jsonl")!r},
-                                           "control": {str(control)!r}}}}}
-        cfg["export"]["shutdown_timeout"] = 3.0
-        logger = Logger(cfg)
+    script = _faultfile_script(tmp_path, control, 3.0, """
         print(os.getpid(), flush=True)
         for step in range(20):
-            logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
+            logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
