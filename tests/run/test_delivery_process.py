@@ -370,14 +370,18 @@ def test_every_record_is_delivered_replayable_or_counted_when_the_delivery_proce
     with caplog.at_level(logging.ERROR, logger="otel_rl"):
         logger.finish()
     assert "delivery process exited (code -9) before the run ended" in caplog.text
-    lost = logger.exporters[0].lost
-    assert set(lost) <= {"delivery_process"} and logger.exporters[0].pending == 0
+    tracker = logger.exporters[0]
+    lost = tracker.lost
+    assert set(lost) <= {"delivery_process"} and tracker.pending == 0
+    # Read from the spool once it died, not from its last report (a quarter second old).
+    delivered, undelivered = tracker.stats["delivered"], tracker.undelivered
     replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert replay.returncode == 0, replay.stdout + replay.stderr
     arrived = [r["step"] for r in jsonl_rows(tmp_path / "logs" / "metrics.jsonl")]
     assert arrived == list(range(len(arrived)))  # in order, once each: the lost are the last
     assert len(arrived) + lost.get("delivery_process", 0) == steps
+    assert delivered + undelivered == len(arrived)
 
 
 class _RaisingHandler(logging.Handler):
