@@ -41,7 +41,7 @@ from otel_rl.delivery.writer import Tracker, TrackerWriter
 from otel_rl.process.deadline import SHUTDOWN_GRACE
 from otel_rl.process.fork_safe_log import log as _log
 
-__all__ = ["COUNTERS", "Channel", "Tracker"]
+__all__ = ["COUNTERS", "Channel", "Tracker", "replay_hint"]
 
 #: The counters every tracker's ``stats`` holds from the start.
 COUNTERS = ("submitted", "delivered", "dropped", "rejected", "retries", "spilled", "waits",
@@ -52,6 +52,11 @@ COUNTERS = ("submitted", "delivered", "dropped", "rejected", "retries", "spilled
 #: it means, and the process still exits within ``shutdown_timeout`` + the grace (the other half
 #: is the interpreter's own exit, measured at 0.1-0.3 s on a busy 2-core machine).
 CLOSE_GRACE = 0.5 * SHUTDOWN_GRACE
+
+
+def replay_hint(spool_dir: object, log_dir: object) -> str:
+    """The end of a message about records left in a spool: where, and the command."""
+    return f" They are in the spool ({spool_dir}); deliver them with: otel-rl replay {log_dir}"
 
 
 def _provisional(record: Any) -> bool:
@@ -616,11 +621,7 @@ class Channel:
         if sealed and checkpoints:
             text += " The step still being logged when the run ended was checkpointed as well."
         if self.spool_dir is not None:
-            log_dir = self.spool_meta.get("log_dir", "<log_dir>")
-            text += (
-                f" They are in the spool ({self.spool_dir}); deliver them with: "
-                f"otel-rl replay {log_dir}"
-            )
+            text += replay_hint(self.spool_dir, self.spool_meta.get("log_dir", "<log_dir>"))
         else:
             text += " There is no spool (export.spool: false): they are lost."
         return text

@@ -60,7 +60,7 @@ from typing import Any
 from otel_rl.core.errors import ConfigError
 from otel_rl.core.failures import LOSS_REASONS, count_loss, describe_losses, losses
 from otel_rl.core.records import Record, StepBatch
-from otel_rl.delivery.channel import COUNTERS
+from otel_rl.delivery.channel import COUNTERS, replay_hint
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.spool import last_seq, private_dirs, waiting_records
 from otel_rl.process.cores import keep_to, spare_cores, thread_cores
@@ -722,10 +722,9 @@ class ServiceLink:
                 # What each tracker's channel would have said at its close, had it got there.
                 _log.warning(
                     "otel-rl: %s: %d record(s) not delivered before the shutdown timeout "
-                    "(export.shutdown_timeout: %g s; the delivery process was killed there). "
-                    "They are in the spool (%s); deliver them with: otel-rl replay %s",
-                    name, left, cfg["export"]["shutdown_timeout"], self.spool_dirs[name],
-                    cfg["log_dir"],
+                    "(export.shutdown_timeout: %g s; the delivery process was killed there).%s",
+                    name, left, cfg["export"]["shutdown_timeout"],
+                    replay_hint(self.spool_dirs[name], cfg["log_dir"]),
                 )  # fmt: skip
         for name in self.names:
             lost = losses(self.local_stats[name])
