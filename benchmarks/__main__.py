@@ -1,6 +1,7 @@
 """Run every benchmark, print a table, write benchmarks/results.json.
 
-    python -m benchmarks            # the full set (under 10 minutes on 2 cores)
+    python -m benchmarks            # the full set (about 20 minutes on 2 cores, 10 of them
+                                    # replay_drain's 2,000,000-record backlogs)
     python -m benchmarks --quick    # seconds; what CI runs so the benchmarks never rot
     python -m benchmarks --only scaling,training_thread
 
@@ -29,7 +30,7 @@ from typing import Any
 #: ``prepare(quick: bool)``, called for all of them first (e.g. to boot a server in the background).
 BENCHMARKS = (
     "training_thread", "slow_tracker", "scaling", "gpu_scrape", "merge", "artifact_dump",
-    "spool_drain", "otlp_down", "rollout_scrape", "tail",
+    "spool_drain", "replay_drain", "otlp_down", "rollout_scrape", "tail",
 )
 
 #: What installs every package the full set needs (README's second command).

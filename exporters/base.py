@@ -159,6 +159,7 @@ class TrackerExporter(MetricExporter):
     lost = property(lambda self: losses(self._channel.stats))
     undelivered = property(lambda self: self._channel.undelivered)
     spool_dir = property(lambda self: self._channel.spool_dir)
+    intake_spooled = property(lambda self: self._channel.intake_spooled)
 
     def abandon_after_fork(self) -> None:  # in a fork child: the delivery is the parent's
         self._channel.abandon_after_fork()

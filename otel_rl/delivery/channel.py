@@ -112,6 +112,8 @@ class Channel:
         # process was killed, while it was being logged): replay delivers them, no timeout does.
         self._checkpoints_at_end = 0
         self._last_ack_sync = 0.0
+        # The delivery process's frame number of the last record spooled (Record.intake).
+        self._intake_spooled = 0
 
     def attach(
         self,
@@ -222,6 +224,15 @@ class Channel:
             overflow = self._overflow_from
             on_disk = self._spooled_upto - overflow + 1 if overflow is not None else 0
             return len(self._queue) + len(self._incoming) + on_disk
+
+    def intake_spooled(self, handed: int) -> int:
+        """The delivery process's frame number up to which every record submitted here is in
+        the spool (or never will be: no spool, or it failed), given ``handed``, the number of
+        the last frame submitted before this call."""
+        with self._cond:
+            if self._incoming or self._in_transit:
+                return self._intake_spooled
+            return handed
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every queued record is written; False if ``timeout`` seconds pass first."""
@@ -388,6 +399,9 @@ class Channel:
                             self._enqueue_locked(seq, record)
                     if written:
                         self._spooled_upto = written[-1]
+                    intake = getattr(records[-1], "intake", None)
+                    if intake is not None:
+                        self._intake_spooled = intake[1]
                     for seq, record in zip(seqs, records, strict=True):
                         if seq is not None:
                             self._checkpoints_at_end = (

@@ -22,26 +22,31 @@ child still reads what the pipe holds and then the files, delivers it and closes
 as killed (exit code 137). The child
 ignores SIGINT and SIGTERM and runs in a session of its own (a terminal's Ctrl-C reaches only
 the training process, which then ends the run); :meth:`ServiceLink.finish` tells it the exit
-code and the deadline, and kills it if it is still closing a second after that deadline (what it
-had not delivered is in its spools, for ``otel-rl replay``).
+code and the deadline, and kills it if it is still closing a second after that deadline.
 
-Frames are a 4-byte big-endian length and a pickle: ``("hello", settings)``, ``("rec", names,
-pickled record)`` (pickled apart, so that a record the child cannot read costs only itself),
-``("flush", id, seconds)``, ``("end", exit_code, seconds)``, ``("setup", tracker, function)``,
-``("handoff", path)`` (read the frames in that file here, then delete it). The child answers
-on a second pipe with JSON lines: ``started`` or ``error`` once, then ``stats`` every quarter
-second, ``flushed`` and ``finished``.
+Nothing handed over is lost with the child either. Record frames are numbered; the child spools
+each record with its number and says, four times a second, up to which number every spool holds
+what it was sent (``intake``). Until then this process keeps each frame the pipe took (bytes,
+bounded by the pipe and the child's half second of spooling); a handoff file stays until then
+too. When the child is gone before the end of the run (killed at the deadline, or died), the
+frames it had not said were spooled, those never sent and every record logged afterwards go to
+the launch's leftover file, and ``otel-rl replay`` spools them with the handoff files, each once
+(``otel_rl/delivery/intake.py``).
+
+Frames (``otel_rl/delivery/frames.py``): ``("hello", settings)``, ``("rec", names, pickled
+record, number)``, ``("flush", id, seconds)``, ``("end", exit_code, seconds)``, ``("setup",
+tracker, function)``, ``("handoff", path)`` (read the frames in that file here). The child
+answers on a second pipe with JSON lines: ``started`` or ``error`` once, then ``stats`` every
+quarter second, ``flushed`` and ``finished``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import itertools
 import json
 import os
-import pickle
 import queue
 import select
 import signal
@@ -59,15 +64,17 @@ from typing import Any
 
 from otel_rl.core.errors import ConfigError
 from otel_rl.core.failures import LOSS_REASONS, count_loss, describe_losses, losses
-from otel_rl.core.records import Record, StepBatch
+from otel_rl.core.records import StepBatch
 from otel_rl.delivery.channel import COUNTERS, replay_hint
+from otel_rl.delivery.frames import encode_frame, record_body
+from otel_rl.delivery.intake import Launch
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.spool import last_seq, private_dirs, waiting_records
 from otel_rl.process.cores import keep_to, spare_cores, thread_cores
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 from otel_rl.process.fork_safe_log import log as _log
 
-__all__ = ["CHILD_GRACE", "ServiceLink", "ServiceTracker", "apply_to_tracker", "decode_record"]
+__all__ = ["CHILD_GRACE", "ServiceLink", "ServiceTracker", "apply_to_tracker"]
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe holds a few hundred steps before the backlog is used
 _F_GETPIPE_SZ = 1032
@@ -77,58 +84,51 @@ _IOV_MAX = 512  # buffers per writev (Linux allows 1024)
 #: How long after the run's deadline the delivery process still waits for its trackers: past a
 #: channel's CLOSE_GRACE (its trackers' last words), short of SHUTDOWN_GRACE (its report here).
 CHILD_GRACE = 0.7 * SHUTDOWN_GRACE
-# A backlog entry: (frame, the trackers it is for, when it was sent).
+# A backlog entry: (frame, the trackers it is for, when it was sent, its number or 0 for a
+# control frame).
 _FRAME, _TRACKERS, _SENT_AT = itemgetter(0), itemgetter(1), itemgetter(2)
 _Buffer = bytes | memoryview
+_Entry = tuple[bytes, tuple[str, ...], float, int]
+_RELEASE_BATCH = 256  # kept frames let go per hold of the lock
 
 
-class _PlainPickler(pickle.Pickler):
-    """Pickles values of the caller's own classes as the built-in values they are (a ``str``
-    enum as its text, an ``int`` subclass as an int), and other objects of the training script
-    as their ``str()``: the delivery process cannot import the script's classes."""
+class _Kept:
+    """Record frames the pipe took, in the order of the stream, until the child says it has
+    spooled them: three deques side by side, so that keeping a frame creates no object the
+    garbage collector tracks (more of those bring its full collections, which stop the
+    training thread, sooner). Used under the link's lock."""
 
-    def reducer_override(self, obj: Any) -> Any:
-        for base in (int, float, str, bytes):
-            if isinstance(obj, base) and type(obj) is not base:
-                value: Any = obj
-                return base, (str.__str__(value) if base is str else base(value),)
-        if type(obj).__module__ == "__main__" and not isinstance(obj, type):
-            return str, (str(obj),)
-        return NotImplemented
+    __slots__ = ("frames", "names", "numbers")
 
+    def __init__(self) -> None:
+        self.numbers: deque[int] = deque()
+        self.frames: deque[bytes] = deque()
+        self.names: deque[tuple[str, ...]] = deque()
 
-def _record_fields(record: Any) -> tuple[Any, ...]:
-    """A step as its rows (computed here, once for every tracker); other kinds as their spool
-    encoding, which the child decodes the same way."""
-    if type(record) is StepBatch:
-        return (
-            "step", record.step, record.time, record.axis, dict(record.step_metrics),
-            record.rows, record.seal, record.provisional,
-        )  # fmt: skip
-    if isinstance(record, Record):
-        return ("kind", record.kind, record.encode())
-    raise TypeError(f"a {type(record).__name__} is no record kind the delivery process knows")
+    def add(self, number: int, frame: bytes, names: tuple[str, ...]) -> None:
+        self.numbers.append(number)
+        self.frames.append(frame)
+        self.names.append(names)
 
+    def release(self, upto: int, most: int) -> bool:
+        """Let go of up to ``most`` frames numbered ``upto`` or less; True if more are left."""
+        numbers = self.numbers
+        for _ in range(most):
+            if not numbers or numbers[0] > upto:
+                return False
+            numbers.popleft()
+            self.frames.popleft()
+            self.names.popleft()
+        return bool(numbers) and numbers[0] <= upto
 
-def _record_frame(record: Any, to: tuple[str, ...] | None) -> bytes:
-    fields = _record_fields(record)
-    body = pickle.dumps(fields, pickle.HIGHEST_PROTOCOL)
-    if b"__main__" in body:  # rare: a class of the training script, which the child lacks
-        buffer = io.BytesIO()
-        _PlainPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(fields)
-        body = buffer.getvalue()
-    return _frame("rec", to, body)
+    def after(self, number: int) -> list[tuple[int, bytes, tuple[str, ...]]]:
+        return [kept for kept in zip(self.numbers, self.frames, self.names, strict=True)
+                if kept[0] > number]  # fmt: skip
 
-
-def decode_record(body: bytes) -> Record:
-    """The record of a ``("rec", names, body)`` frame (:func:`_record_frame`)."""
-    fields = pickle.loads(body)
-    if fields[0] == "step":
-        _, step, at, axis, step_metrics, rows, seal, provisional = fields
-        return StepBatch(step=step, values=rows, time=at, axis=axis, step_metrics=step_metrics,
-                         seal=seal, provisional=provisional)  # fmt: skip
-    _, kind, encoded = fields
-    return Record.kinds[kind].decode(encoded)
+    def clear(self) -> None:
+        self.numbers.clear()
+        self.frames.clear()
+        self.names.clear()
 
 
 def _atomic_run(frames: deque[_Buffer]) -> list[_Buffer]:
@@ -144,11 +144,6 @@ def _atomic_run(frames: deque[_Buffer]) -> list[_Buffer]:
             break
         run.append(frame)
     return run
-
-
-def _frame(*message: Any) -> bytes:
-    payload = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-    return len(payload).to_bytes(4, "big") + payload
 
 
 class ServiceLink:
@@ -175,7 +170,7 @@ class ServiceLink:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         # Frames the pipe has not taken yet: (frame, trackers, when it was sent).
-        self._backlog: deque[tuple[bytes, Sequence[str], float]] = deque()
+        self._backlog: deque[tuple[bytes, tuple[str, ...], float, int]] = deque()
         self._backlog_records = 0
         self._pushing = False
         self._pushing_since = 0.0  # when the oldest frame the pusher holds was sent
@@ -193,6 +188,22 @@ class ServiceLink:
         self._head_cut = False  # the backlog's first frame is the rest of one the pipe took part of
         self._patience = max(1.0, 2 * options.fsync_interval)
         self._unresponsive = False
+        # Record frames are numbered in the order of the stream; those the pipe took are kept
+        # until the child says every spool holds them (see the module's docstring).
+        self._token = os.urandom(6).hex()
+        self._settings["launch"] = self._token
+        self._numbered = 0
+        self._kept = _Kept()
+        self._spooled_through = 0  # the child's last word: every frame up to it is spooled
+        self._stranded: list[_Entry] = []  # taken by the pusher, never written anywhere
+        self._taken: list[_Entry | None] = []  # the pipe took them in the pusher's round
+        self._launch: Launch | None = None
+        self._orphaned = False  # the child is gone: records go to the leftover file
+        self._orphaning = False
+        #: Records accepted for each tracker (checkpoints not counted), sent or not.
+        self._handed: dict[str, int] = dict.fromkeys(self.names, 0)
+        #: Records for each tracker waiting in files for ``otel-rl replay`` (never spooled).
+        self._in_files: dict[str, int] = dict.fromkeys(self.names, 0)
         #: Records written whole to the pipe, by tracker (checkpoints not counted).
         self._sent: dict[str, int] = dict.fromkeys(self.names, 0)
         self._checkpoints_sent: dict[str, int] = dict.fromkeys(self.names, 0)
@@ -225,6 +236,10 @@ class ServiceLink:
     def backlog(self) -> int:
         """Records waiting for the pipe in this process."""
         return self._backlog_records
+
+    def in_files(self, name: str) -> int:
+        """Records for tracker ``name`` that wait in handoff files for ``otel-rl replay``."""
+        return self._in_files[name]
 
     def sent(self, name: str) -> int:
         """Records for tracker ``name`` that left this process (into the pipe or a file)."""
@@ -262,7 +277,7 @@ class ServiceLink:
         self._status = os.fdopen(status_r, "rb")
         threading.Thread(target=self._read_status, name="otel-rl-delivery-status",
                          daemon=True).start()  # fmt: skip
-        os.write(self._out, _frame("hello", self._settings))  # before any record: blocking
+        os.write(self._out, encode_frame("hello", self._settings))  # before any record: blocking
         os.set_blocking(self._out, False)
         threading.Thread(target=self._push, name="otel-rl-delivery-pipe", daemon=True).start()
         if not self._events["started"].wait(timeout) or self.start_error is not None:
@@ -276,6 +291,12 @@ class ServiceLink:
         self._spooled_from = {
             name: last_seq(folder) for name, folder in self.spool_dirs.items() if folder is not None
         }
+        if self._handoff_dir is not None:
+            try:
+                self._launch = Launch(self._handoff_dir, self._token, self.spool_dirs)
+            except OSError as exc:  # the handoff files fail the same way: said there
+                _log.warning("otel-rl: the delivery process's handoff folder cannot be written "
+                             "(%s); what it has not spooled if it is killed is lost", exc)
 
     # ---- the training thread -------------------------------------------------------------------
 
@@ -283,19 +304,32 @@ class ServiceLink:
         """Hand ``record`` to the child for ``names``. Waits only as :meth:`_make_room_locked`
         says: when the child has fallen behind (bounded), never on a write."""
         if type(record) is StepBatch and record.provisional:
-            for name in names:  # spooled by the child as records are: see _lose_unread
+            for name in names:  # spooled by the child as records are: see _orphan
                 self._checkpoints_sent[name] += 1
         try:
             to = None if len(names) == len(self.names) else tuple(names)
-            frame = _record_frame(record, to)
+            body = record_body(record)
         except Exception as exc:  # cannot be pickled: costs only this record
             self._count("refused", names)
             _log.warning("otel-rl: a record cannot reach the delivery process (%s: %s); "
                          "it is dropped", type(exc).__name__, exc)  # fmt: skip
             return
+        # Checkpoints of a pending step are no records of their own: never counted.
+        # A tuple of strings, unlike a list, is soon untracked by the garbage collector.
+        counted = () if type(record) is StepBatch and record.provisional else tuple(names)
         with self._cond:
-            if self.dead or self._ended:
+            while self._orphaning:  # the child just died: its leftover file is being written
+                self._cond.wait(0.05)
+            if self._ended or (self.dead and not self._orphaned):
                 self._count("delivery_process", names)
+                return
+            self._numbered += 1
+            number = self._numbered
+            frame = encode_frame("rec", to, body, number)
+            for name in counted:
+                self._handed[name] += 1
+            if self._orphaned:
+                self._keep_in_file([(number, frame, counted)])
                 return
             if (
                 not self._backlog and not self._pushing and not self._diverted
@@ -308,16 +342,15 @@ class ServiceLink:
                 except OSError:  # the child is gone: the status reader says so once
                     self._count("delivery_process", names)
                     return
+                if written:
+                    self._kept.add(number, frame, counted)
                 if written == len(frame):
                     self._note_sent(record, names)
                     return
                 frame = frame[written:]
                 self._head_cut = bool(written)  # the pipe holds the first part of this frame
             self._make_room_locked()
-            # Checkpoints of a pending step are no records of their own: never counted.
-            # A tuple of strings, unlike a list, is soon untracked by the garbage collector.
-            counted = () if type(record) is StepBatch and record.provisional else tuple(names)
-            self._backlog.append((frame, counted, time.monotonic()))
+            self._backlog.append((frame, counted, time.monotonic(), number))
             self._backlog_records += bool(counted)
             self._cond.notify_all()
 
@@ -363,12 +396,14 @@ class ServiceLink:
 
     def _drop_oldest_locked(self) -> None:
         # The first frame may be half written already: the oldest record after it goes.
-        oldest = next((i for i, (_, names, _) in enumerate(self._backlog) if i and names), None)
+        oldest = next((i for i, entry in enumerate(self._backlog) if i and entry[1]), None)
         if oldest is not None:
-            _, dropped, _ = self._backlog[oldest]
+            dropped = self._backlog[oldest][1]
             del self._backlog[oldest]
             self._backlog_records -= 1
             self._count("queue_full", dropped)
+            for name in dropped:
+                self._handed[name] -= 1
 
     def _oldest_age_locked(self) -> float:
         oldest = self._backlog[0][2] if self._backlog else float("inf")
@@ -411,21 +446,28 @@ class ServiceLink:
                 # none holds the GIL or this lock long while the training thread waits for it.
                 backlog = self._backlog
                 batch = [backlog.popleft() for _ in range(min(len(backlog), _IOV_MAX))]
-                self._backlog_records -= sum(bool(names) for _, names, _ in batch)
+                self._backlog_records -= sum(bool(entry[1]) for entry in batch)
                 self._pushing_since = batch[0][2] if batch else time.monotonic()
                 cut, self._head_cut = self._head_cut, False
                 self._pushing = True
             frames: deque[_Buffer] = deque(map(_FRAME, batch))
             times = deque(map(_SENT_AT, batch))
+            # What the pipe takes is kept until the child has spooled it; a frame cut by the
+            # pipe before this round was kept then.
+            keep: deque[_Entry | None] = deque(batch)
+            if cut and keep:
+                keep[0] = None
             pushed = len(frames)
             try:
                 if self._diverted and self._handoff_dir is None:
                     self._announce(poller, wait=True)  # the file failed: the pipe from here on
                 if not self._diverted:
-                    self._to_pipe(frames, times, poller, cut=cut)
-                if frames and not self.dead and not self._to_handoff(frames):
+                    self._to_pipe(frames, times, keep, poller, cut=cut)
+                if frames and not self.dead and self._to_handoff(frames):
+                    keep.clear()  # in a file that outlives the child: nothing to keep here
+                elif frames and not self.dead:
                     self._announce(poller, wait=True)
-                    self._to_pipe(frames, times, poller, handoff=False)
+                    self._to_pipe(frames, times, keep, poller, handoff=False)
                 if self._diverted:
                     self._announce(poller, wait=self._handoff_dir is None)
             except OSError:
@@ -433,14 +475,12 @@ class ServiceLink:
                     self.dead = True
             pushed -= len(frames)
             taken = Counter(map(_TRACKERS, itertools.islice(batch, pushed)))
-            left = Counter(map(_TRACKERS, itertools.islice(batch, pushed, None)))
             with self._cond:
                 for names, count in taken.items():
                     for name in names:
                         self._sent[name] += count
                 if frames:  # the child is gone, or the run ended before it took them
-                    for names, count in left.items():
-                        self._count("delivery_process", names, count)
+                    self._stranded += [entry for entry in keep if entry is not None and entry[3]]
                 elif self._unresponsive and not self._backlog:
                     # Caught up with everything: the crash promise holds again from here on.
                     self._unresponsive = False
@@ -449,14 +489,31 @@ class ServiceLink:
                 self._cond.notify_all()
 
     def _to_pipe(
-        self, frames: deque[_Buffer], times: deque[float], poller: Any, *,
-        handoff: bool = True, cut: bool = False,
+        self, frames: deque[_Buffer], times: deque[float], keep: deque[_Entry | None],
+        poller: Any, *, handoff: bool = True, cut: bool = False,
     ) -> None:  # fmt: skip
         """Write ``frames`` to the pipe; stops at a frame's boundary, leaving the rest in
         ``frames``, when the oldest has waited long enough for the handoff file. ``cut``: the
-        first is the rest of a frame the pipe has taken part of."""
+        first is the rest of a frame the pipe has taken part of. ``keep`` (beside ``frames``):
+        the record frames to keep once the pipe has taken their first byte."""
         handoff = handoff and self._handoff_dir is not None
         whole = not cut  # frames[0] is a whole frame, not the rest of one
+        try:
+            self._to_pipe_keeping(frames, times, keep, poller, handoff, whole)
+        finally:
+            # Kept once per round, not per write: the lock, taken per write, made this thread
+            # wait for the GIL a switch interval at a time while the training thread logs.
+            with self._cond:
+                for entry in self._taken:
+                    if entry is not None and entry[3]:
+                        self._kept.add(entry[3], entry[0], entry[1])
+            self._taken.clear()
+
+    def _to_pipe_keeping(
+        self, frames: deque[_Buffer], times: deque[float], keep: deque[_Entry | None],
+        poller: Any, handoff: bool, whole: bool,
+    ) -> None:  # fmt: skip
+        taken = self._taken
         while frames and not self.dead:
             if handoff and whole and time.monotonic() - times[0] > self._handoff_after:
                 return
@@ -472,9 +529,12 @@ class ServiceLink:
             while written and written >= len(frames[0]):
                 written -= len(frames.popleft())
                 times.popleft()
+                taken.append(keep.popleft())
             whole = not written
             if written:
                 frames[0] = memoryview(frames[0])[written:]
+                taken.append(keep[0])
+                keep[0] = None
             if times:
                 self._pushing_since = times[0]
 
@@ -533,7 +593,7 @@ class ServiceLink:
         all); the frames after it go by the pipe again. ``wait``: until the pipe takes it."""
         if self._handoff is None:
             return
-        frame = _frame("handoff", str(self._handoff[0]))
+        frame = encode_frame("handoff", str(self._handoff[0]))
         while not self.dead:
             try:
                 os.write(self._out, frame)
@@ -552,11 +612,11 @@ class ServiceLink:
         """Run ``setup(tracker)`` on tracker ``name`` in the child, before any record sent
         after this call (``setup`` travels by reference: a module-level function)."""
         with self._cond:
-            self._queue_control_locked(_frame("setup", name, setup))
+            self._queue_control_locked(encode_frame("setup", name, setup))
 
     def _queue_control_locked(self, frame: bytes) -> None:
         if not self.dead:
-            self._backlog.append((frame, (), time.monotonic()))
+            self._backlog.append((frame, (), time.monotonic(), 0))
             self._cond.notify_all()
 
     def _send_control(self, frame: bytes, deadline: Deadline) -> bool:
@@ -588,22 +648,29 @@ class ServiceLink:
         with self._cond:
             was_ended = self._ended
             self.dead = True
-            for _, names, _ in self._backlog:
-                self._count("delivery_process", names)
-            self._backlog.clear()
-            self._backlog_records = 0
+            # Records sent from now on wait for _orphan() to have written the leftover file.
+            self._orphaning = self._events["started"].is_set() and not self._killed
             self._cond.notify_all()
         if not self._events["started"].is_set():
             self.start_error = self.start_error or f"it exited with code {code} before starting"
             self._events["started"].set()
         elif not self._killed and (not was_ended or not self._events["finished"].is_set()):
-            unread = self._lose_unread()
+            kept = self._orphan()
             self._left_in_spools()
-            _log.error(
-                "otel-rl: the delivery process exited (code %s) before the run ended; %d "
-                "record(s) it had not spooled and those for %s from now on are lost (counted), "
-                "what it had spooled waits for otel-rl replay", code, unread, ", ".join(self.names),
-            )  # fmt: skip
+            if kept:
+                _log.error(
+                    "otel-rl: the delivery process exited (code %s) before the run ended; the "
+                    "records it had not spooled and those for %s from now on wait in %s for "
+                    "otel-rl replay, with what it had spooled", code, ", ".join(self.names),
+                    self._handoff_dir,
+                )  # fmt: skip
+            else:
+                _log.error(
+                    "otel-rl: the delivery process exited (code %s) before the run ended; %d "
+                    "record(s) it had not spooled and those for %s from now on are lost "
+                    "(counted), what it had spooled waits for otel-rl replay", code,
+                    sum(self._unspooled(name) for name in self.names), ", ".join(self.names),
+                )  # fmt: skip
         self._events["finished"].set()
         with self._cond:
             self._cond.notify_all()
@@ -630,6 +697,8 @@ class ServiceLink:
         for name, stats in (message.get("stats") or {}).items():
             if name in self.remote_stats:
                 self.remote_stats[name] = {str(k): int(v) for k, v in stats.items()}
+        if "intake" in message:
+            self._let_go(int(message["intake"]))
         self.remote_runs.update(message.get("runs") or {})
         if "flushed" in message:
             with self._cond:
@@ -668,7 +737,7 @@ class ServiceLink:
                 return True  # the run ended and the child closed the trackers: nothing waits
             self._flush_ids += 1
             flush_id = self._flush_ids
-        if not self._send_control(_frame("flush", flush_id, deadline.left()), deadline):
+        if not self._send_control(encode_frame("flush", flush_id, deadline.left()), deadline):
             return False
         with self._cond:
             while flush_id not in self._flushed and not self.dead and deadline.left() > 0:
@@ -686,15 +755,11 @@ class ServiceLink:
                 self._cond.notify_all()
         if first and not self.dead:
             # The records go first. What this process still holds at the deadline never reached
-            # the child: counted lost; the child, without the end frame, closes the run as
-            # killed once it has read the rest.
-            self._send_control(_frame("end", exit_code, deadline.left()), deadline)
+            # the child: it goes to the leftover file once the child is stopped; the child,
+            # without the end frame, closes the run as killed once it has read the rest.
+            self._send_control(encode_frame("end", exit_code, deadline.left()), deadline)
             with self._cond:
                 self.dead = True  # the pusher stops within its poll: then the pipe can close
-                for _, names, _ in self._backlog:
-                    self._count("delivery_process", names)
-                self._backlog.clear()
-                self._backlog_records = 0
                 self._cond.notify_all()
                 while self._pushing:
                     self._cond.wait(0.05)
@@ -702,7 +767,7 @@ class ServiceLink:
             with contextlib.suppress(OSError):
                 os.close(self._out)
         # The child gives up CHILD_GRACE after the deadline; a little after that, it is killed
-        # here and what it never spooled is counted, within the run's grace second.
+        # here and what it never spooled goes to the leftover file, within the run's grace second.
         finished = self._events["finished"].wait(deadline.left() + CHILD_GRACE + 0.1)
         if not first:
             return
@@ -710,22 +775,36 @@ class ServiceLink:
             self._killed = True
             self._kill()
             self._events["finished"].wait(0.1)  # the status thread has read the last report
-            self._lose_unread()
+            kept = self._orphan()
             _log.warning(
                 "otel-rl: the delivery process had not ended (closing %s, or stopped) at the "
-                "deadline (export.shutdown_timeout); it was killed: what it had spooled waits for "
-                "otel-rl replay, what it had not spooled yet is lost (counted)",
+                "deadline (export.shutdown_timeout); it was killed: %s",
                 ", ".join(self.names),
+                "what it had not delivered waits for otel-rl replay" if kept else
+                "what it had spooled waits for otel-rl replay, what it had not spooled yet is "
+                "lost (counted)",
             )  # fmt: skip
+            self._left_in_spools()
             cfg = self._settings["cfg"]
-            for name, left in self._left_in_spools().items():
+            for name in self.names:
+                left = self.trackers[self.names.index(name)].undelivered
+                if not left:
+                    continue
                 # What each tracker's channel would have said at its close, had it got there.
+                files = self._in_files[name]
                 _log.warning(
                     "otel-rl: %s: %d record(s) not delivered before the shutdown timeout "
                     "(export.shutdown_timeout: %g s; the delivery process was killed there).%s",
                     name, left, cfg["export"]["shutdown_timeout"],
-                    replay_hint(self.spool_dirs[name], cfg["log_dir"]),
+                    replay_hint(self.spool_dirs[name], cfg["log_dir"]) if not files else
+                    f" {left - files} are in the spool ({self.spool_dirs[name]}), {files} in "
+                    f"handoff files ({self._handoff_dir}); deliver them with: otel-rl replay "
+                    f"{cfg['log_dir']}",
                 )  # fmt: skip
+        elif self._orphaned:  # the child died during the run: the records since then wait too
+            self._left_in_spools()
+        if self._launch is not None:
+            self._launch.release()
         for name in self.names:
             lost = losses(self.local_stats[name])
             if lost:
@@ -742,31 +821,68 @@ class ServiceLink:
                 os.close(self._handoff[1])
             self._handoff = None
 
-    def _lose_unread(self) -> int:
-        """The child is gone: what it had not written to a spool (in the pipe, a handoff file or
-        its memory) is lost. Counted once, from the spools themselves (what this process sent,
-        less what each spool gained since the start; checkpoints count on both sides, so a lost
-        checkpoint counts as a record: never fewer than were lost), or, for a tracker without
-        a spool, from the child's last report (a quarter second old at most). The handoff files
-        go. Returns the count."""
+    def _let_go(self, spooled_through: int) -> None:
+        """The child says every spool holds the frames up to ``spooled_through``: they need not
+        be kept here any more (a few at a time: the training thread may wait for the lock)."""
+        self._spooled_through = max(self._spooled_through, spooled_through)
+        more = True
+        while more:
+            with self._cond:
+                more = self._kept.release(spooled_through, _RELEASE_BATCH)
+
+    def _orphan(self) -> bool:
+        """The child is gone before the end of the run (killed here, or died): what it may not
+        have spooled (the frames the pipe took that it had not said were spooled, those never
+        sent) goes to the launch's leftover file, and so does every record sent from now on:
+        ``otel-rl replay`` spools them with the handoff files, each once. Counted per tracker
+        from the spools themselves (what was handed over, less what each spool gained since
+        the start; checkpoints count on both sides): as waiting in files, or, without a
+        leftover file (no spool, or it cannot be written), as lost. True when it was written."""
         with self._cond:
-            self.dead = True
+            self.dead = self._orphaning = True
             self._cond.notify_all()
             while self._pushing:  # the pusher stops within its poll; then no file grows
                 self._cond.wait(0.05)
-            if self._unread_lost:
-                return 0
-            self._unread_lost = True
+            if self._orphaned or self._unread_lost:
+                self._orphaning = False
+                return self._orphaned
+            backlog = list(self._backlog)
+            if self._head_cut and backlog:  # the rest of a frame kept whole already
+                backlog = backlog[1:]
+            left = self._kept.after(self._spooled_through)
+            left += [(number, bytes(frame), names) for frame, names, _, number in self._stranded]
+            left += [(number, bytes(frame), names) for frame, names, _, number in backlog if number]
+            self._kept.clear()
+            self._stranded = []
+            self._backlog.clear()
+            self._backlog_records = 0
+        self._close_handoff()
+        left.sort(key=itemgetter(0))
+        kept = self._launch is not None and self._launch.keep(entry[1] for entry in left)
         unread = {name: self._unspooled(name) for name in self.names}  # reads files: unlocked
         with self._cond:
             for name, count in unread.items():
-                self._count("delivery_process", (name,), count)
-        self._close_handoff()
-        folder = self._settings["handoff_dir"]
-        if folder is not None:
-            for path in Path(folder).glob(f"handoff-{os.getpid()}-*.frames"):
-                path.unlink(missing_ok=True)
-        return sum(unread.values())
+                if kept:
+                    self._in_files[name] += count
+                else:
+                    self._count("delivery_process", (name,), count)
+            self._orphaned = kept
+            self._unread_lost = not kept
+            self._orphaning = False
+            self._cond.notify_all()
+        return kept
+
+    def _keep_in_file(self, entries: list[tuple[int, bytes, tuple[str, ...]]]) -> None:
+        """Records sent once the child is gone: to the leftover file (or counted lost)."""
+        assert self._launch is not None
+        kept = self._launch.keep(entry[1] for entry in entries)
+        for _, _, names in entries:
+            for name in names:
+                if kept:
+                    self._in_files[name] += 1
+                else:
+                    self._handed[name] -= 1
+                    self._count("delivery_process", (name,))
 
     def _left_in_spools(self) -> dict[str, int]:
         """The child ended without saying what it left (killed, or died): each spooled
@@ -794,9 +910,9 @@ class ServiceLink:
         refused = sum(losses(remote).values())  # counted by the child already, never spooled
         folder = self.spool_dirs.get(name)
         if folder is None or name not in self._spooled_from:
-            return max(0, self._sent[name] - remote.get("delivered", 0) - refused)
+            return max(0, self._handed[name] - remote.get("delivered", 0) - refused)
         spooled = last_seq(folder) - self._spooled_from[name]
-        return max(0, self._sent[name] + self._checkpoints_sent[name] - spooled - refused)
+        return max(0, self._handed[name] + self._checkpoints_sent[name] - spooled - refused)
 
     def _kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -814,12 +930,17 @@ class ServiceLink:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._backlog.clear()
+        self._kept.clear()
         self.process = None
+        # The launch's lock and leftover file are the parent's: a copy held here would keep
+        # ``otel-rl replay`` off them while this child lives.
+        held = self._launch.open_fds() if self._launch is not None else []
+        self._launch = None
         # dup2, not close: the status file object closes its descriptor again when collected,
         # and a closed number may by then belong to another file of the child.
         null = os.open(os.devnull, os.O_RDWR)
         try:
-            for fd in (self._out, self._status.fileno()):
+            for fd in (self._out, self._status.fileno(), *held):
                 with contextlib.suppress(OSError):
                     os.dup2(null, fd)
         finally:
@@ -865,8 +986,9 @@ class ServiceTracker:
 
     @property
     def undelivered(self) -> int:
-        """Records left in the spool at the end of the run (known once the run ended)."""
-        return self.link.remote_undelivered.get(self.name, 0)
+        """Records left for ``otel-rl replay`` at the end of the run (known once the run ended):
+        in the spool, and in handoff files when the delivery process was killed or died."""
+        return self.link.remote_undelivered.get(self.name, 0) + self.link.in_files(self.name)
 
     @property
     def pending(self) -> int:

@@ -8,7 +8,8 @@ Layout, for one tracker of one run (folders 0700, files 0600: rows and configs a
         acked.log                 delivery marks: "upto N" (every seq <= N is done) or "one N"
 
 Sequence numbers start at 1 and grow by one per record. A tracker's worker delivers in order, so
-its marks are ``upto`` lines; ``otel-rl replay`` re-sends in step order and leaves ``one`` marks.
+its marks are ``upto`` lines; ``otel-rl replay`` re-sends in step order and writes ``upto`` while
+every earlier record is done, ``one`` marks for the others.
 Every mark is written to the kernel as soon as the tracker holds the record (so a killed process
 never re-sends what its tracker already has) and fsynced every ``export.fsync_interval``.
 Segments whose records are all done are deleted by the side that marks them done.
@@ -18,12 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
 import itertools
 import json
 import os
+import re
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from array import array
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +180,8 @@ def encode_record(seq: int, record: Any) -> str:
     if body is None:
         if isinstance(record, Record):
             fields = {"kind": record.kind, **record.encode()}
+            if record.intake is not None:
+                fields["intake"] = list(record.intake)
         else:  # an object of a third party's own: delivered live, not replayable
             fields = {"kind": "opaque", "type": type(record).__name__}
         body = json.dumps(fields, separators=(",", ":"), default=str)
@@ -235,12 +242,102 @@ class Attempt:
     records: int | None = None
 
 
+class SeqSet:
+    """A set of sequence numbers kept as sorted, disjoint ranges in two arrays: 16 bytes per
+    range however many numbers it holds, so that the marks of a long replay (numbers that follow
+    one another) cost a few bytes, not a Python object each. Adding at the end is O(1); adding
+    elsewhere moves the ranges after it (a C ``memmove``)."""
+
+    __slots__ = ("_hi", "_lo")
+
+    def __init__(self, seqs: Iterable[int] = ()) -> None:
+        self._lo = array("q")
+        self._hi = array("q")
+        for seq in seqs:
+            self.add(seq)
+
+    @classmethod
+    def from_ranges(cls, ranges: Iterable[tuple[int, int]], presorted: bool = False) -> SeqSet:
+        """The union of ``(first, last)`` ranges, given in any order (sorted here), or sorted by
+        ``first`` already (``presorted``: read as they come, never held as a list)."""
+        out = cls()
+        lo, hi = out._lo, out._hi
+        for first, last in ranges if presorted else sorted(ranges):
+            if lo and first <= hi[-1] + 1:
+                hi[-1] = max(hi[-1], last)
+            else:
+                lo.append(first)
+                hi.append(last)
+        return out
+
+    def add(self, seq: int) -> None:
+        self.add_range(seq, seq)
+
+    def add_range(self, first: int, last: int) -> None:
+        lo, hi = self._lo, self._hi
+        if not lo or first > hi[-1] + 1:  # the usual case: after every range held
+            lo.append(first)
+            hi.append(last)
+            return
+        i = bisect_right(lo, first)
+        if i and hi[i - 1] >= first - 1:  # touches the range before it: grow that one
+            i -= 1
+            if last <= hi[i]:
+                return
+            hi[i] = last
+        else:
+            lo.insert(i, first)
+            hi.insert(i, last)
+        j = i + 1
+        while j < len(lo) and lo[j] <= hi[i] + 1:  # ranges it now reaches merge into it
+            hi[i] = max(hi[i], hi[j])
+            j += 1
+        del lo[i + 1 : j], hi[i + 1 : j]
+
+    def end_of(self, seq: int) -> int | None:
+        """The last number of the range holding ``seq`` (``None`` when ``seq`` is not held)."""
+        i = bisect_right(self._lo, seq) - 1
+        return self._hi[i] if i >= 0 and self._hi[i] >= seq else None
+
+    def __contains__(self, seq: object) -> bool:
+        if isinstance(seq, float) and seq.is_integer():  # equal to an int, as in a set
+            seq = int(seq)
+        return isinstance(seq, int) and self.end_of(seq) is not None
+
+    def discard_upto(self, seq: int) -> None:
+        """Forget every number ``<= seq``."""
+        i = bisect_right(self._hi, seq)
+        del self._lo[:i], self._hi[:i]
+        if self._lo and self._lo[0] <= seq:
+            self._lo[0] = seq + 1
+
+    def ranges(self) -> Iterator[tuple[int, int]]:
+        return zip(self._lo, self._hi, strict=True)
+
+    def __iter__(self) -> Iterator[int]:
+        for first, last in zip(self._lo, self._hi, strict=True):
+            yield from range(first, last + 1)
+
+    def __len__(self) -> int:
+        return sum(self._hi) - sum(self._lo) + len(self._lo)
+
+    def __bool__(self) -> bool:
+        return bool(self._lo)
+
+    @property
+    def range_count(self) -> int:
+        return len(self._lo)
+
+    def __repr__(self) -> str:
+        return f"SeqSet({list(self.ranges())})"
+
+
 @dataclass
 class Acks:
     """Which sequence numbers are done, and the last write attempted."""
 
     upto: int = 0
-    ones: set[int] = field(default_factory=set)
+    ones: SeqSet = field(default_factory=SeqSet)
     attempt: Attempt | None = None
     #: Unreadable lines an earlier replay reported and set aside: ``(segment name, offset)``.
     set_aside: set[tuple[str, int]] = field(default_factory=set)
@@ -248,7 +345,22 @@ class Acks:
     gone: list[range] = field(default_factory=list)
 
     def done(self, seq: int) -> bool:
-        return seq <= self.upto or seq in self.ones or any(seq in r for r in self.gone)
+        return (
+            seq <= self.upto
+            or (bool(self.ones) and seq in self.ones)
+            or (bool(self.gone) and any(seq in r for r in self.gone))
+        )
+
+    def done_through(self, seq: int) -> int | None:
+        """When ``seq`` is done, the last number of the stretch of done numbers one of the marks
+        gives from it (``upto``, a range of ``one`` marks, a ``gone`` range); else ``None``."""
+        if seq <= self.upto:
+            return self.upto
+        end = self.ones.end_of(seq) if self.ones else None
+        for r in self.gone:
+            if seq in r:
+                end = max(end or seq, r[-1])
+        return end
 
 
 def segment_paths(directory: Path) -> list[Path]:
@@ -257,6 +369,21 @@ def segment_paths(directory: Path) -> list[Path]:
 
 def _first_seq(path: Path) -> int:
     return int(path.stem.split("-", 1)[1])
+
+
+def first_seq(path: Path) -> int:
+    """The sequence number a segment's first record has (its name says)."""
+    return _first_seq(path)
+
+
+#: ``parse(line bytes) -> (seq, value)``: what a reader keeps of each line (a record, or the few
+#: facts of one); raises :class:`CorruptRecord` or ``UnicodeDecodeError`` for a bad line.
+LineParser = Callable[[bytes], tuple[int, Any]]
+
+
+def parse_record(raw: bytes) -> tuple[int, Any]:
+    """``(seq, record)`` of one line's bytes (:func:`decode_record`)."""
+    return decode_record(raw.decode("utf-8"))
 
 
 def read_segment(
@@ -274,6 +401,21 @@ def read_segment(
     reported in ``skipped`` too. Lines that cannot be decoded are appended to ``skipped`` (when
     given) and passed over.
     """
+    for seq, record, _, end in read_lines(path, offset, skipped, final=final):
+        yield seq, record, end
+
+
+def read_lines(
+    path: Path,
+    offset: int = 0,
+    skipped: list[Skipped] | None = None,
+    *,
+    final: bool = False,
+    parse: LineParser = parse_record,
+) -> Iterator[tuple[int, Any, int, int]]:
+    """:func:`read_segment` with the line's start offset too, ``(seq, value, start, end)``, each
+    line turned into ``value`` by ``parse``. A record read whole at the end of a damaged line
+    starts where that line starts: reading from ``start`` finds it again."""
     with path.open("rb") as f:
         f.seek(offset)
         position = offset
@@ -287,15 +429,32 @@ def read_segment(
                     ))  # fmt: skip
                 return
             try:
-                seq, record = decode_record(raw.decode("utf-8"))
+                seq, value = parse(raw)
             except (CorruptRecord, UnicodeDecodeError) as exc:
                 if skipped is not None:
                     skipped.append(Skipped(path, start, _reason(exc, raw)))
-                whole = _whole_record_after_damage(raw)
+                whole = _whole_record_after_damage(raw, parse)
                 if whole is not None:
-                    yield (*whole, position)
+                    yield (*whole, start, position)
                 continue
-            yield seq, record, position
+            yield seq, value, start, position
+
+
+def record_at(f: Any, offset: int) -> tuple[int, Any]:
+    """``(seq, record)`` of the line starting at byte ``offset`` of an open segment (``"rb"``),
+    read as :func:`read_lines` reads it (a record whole at the end of a damaged line too);
+    :class:`CorruptRecord` when none is there."""
+    f.seek(offset)
+    raw = f.readline()
+    if not raw.endswith(b"\n"):
+        raise CorruptRecord(f"no whole line at byte {offset}")
+    try:
+        return parse_record(raw)
+    except (CorruptRecord, UnicodeDecodeError) as exc:
+        whole = _whole_record_after_damage(raw)
+        if whole is None:
+            raise CorruptRecord(f"no record at byte {offset}: {exc}") from exc
+        return whole
 
 
 #: How every record line starts (``encode_record``). A nested object can start alike (a
@@ -303,13 +462,15 @@ def read_segment(
 _LINE_START = b'{"kind":"'
 
 
-def _whole_record_after_damage(raw: bytes) -> tuple[int, Any] | None:
+def _whole_record_after_damage(
+    raw: bytes, parse: LineParser = parse_record
+) -> tuple[int, Any] | None:
     """A whole record at the end of a damaged line: damage over a line's newline joins it to
     the next line, whose bytes are intact and must not be lost with it."""
     at = raw.find(_LINE_START, 1)
     while at > 0:
         try:
-            return decode_record(raw[at:].decode("utf-8"))
+            return parse(raw[at:])
         except (CorruptRecord, UnicodeDecodeError):
             at = raw.find(_LINE_START, at + 1)
     return None
@@ -324,33 +485,127 @@ def _reason(exc: Exception, raw: bytes) -> str:
     return str(exc)
 
 
+# What otel-rl replay needs of a line before it decodes it for a tracker. A step line as
+# encode_record writes it is recognised by one regular expression over its bytes (about a
+# quarter of decode_record's time). It is strict: printable ASCII strings (encode_record's JSON
+# escapes everything else), JSON numbers, rows of numbers, strings and histograms, the keys in
+# encode_record's order. Whatever it matches, json.loads and StepBatch.decode accept with the
+# same values; whatever it does not (other kinds, damaged lines, hand-written ones) goes through
+# decode_record, so a line is judged exactly as replay always judged it.
+_STR = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*+(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[\x20\x21\x23-\x5b\x5d-\x7e]*+)*+"'  # noqa: E501
+_NUM = rb"(?:-?+(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][-+]?+[0-9]++)?+|NaN|-?Infinity)"
+_INT = rb"-?+(?:0|[1-9][0-9]*+)"
+_NUMS = rb"\[(?:" + _NUM + rb"(?:," + _NUM + rb")*+)?+\]"
+_HISTOGRAM = rb'\{"__histogram__":\[' + _NUMS + rb"," + _NUMS + (rb"," + _NUM) * 4 + rb"\]\}"
+_VALUE = rb"(?:" + _NUM + rb"|" + _STR + rb"|" + _HISTOGRAM + rb")"
+_STEP_LINE = re.compile(
+    rb'\{"kind":"step","step":(' + _INT + rb'),"time":' + _NUM
+    + rb',"axis":(null|' + _STR + rb')'
+    + rb',"step_metrics":\{(?:' + _STR + rb":" + _STR + rb"(?:," + _STR + rb":" + _STR
+    + rb")*+)?+\}"
+    + rb',"rows":\{(?:' + _STR + rb":" + _VALUE + rb"(?:," + _STR + rb":" + _VALUE + rb")*+)?+\}"
+    + rb'(?:,"seal":(' + _INT + rb"))?+"
+    + rb'(?:,"provisional":(true))?+'
+    + rb'(?:,"intake":\[' + _STR + rb"," + _INT + rb"\])?+"
+    + rb',"seq":([1-9][0-9]*+)\}\n'
+)  # fmt: skip
+
+#: :data:`LineFacts`' first field: an entry that cannot be replayed (an object of a third
+#: party's own), a step batch, or another record (hyperparameters, a plot, a table, an event).
+OPAQUE, STEP, OTHER = 0, 1, 2
+
+#: ``(kind, step, axis, seal, provisional)``: ``kind`` one of OPAQUE, STEP, OTHER; ``step`` the
+#: record's step (-1 for records without one); ``axis`` whether a step batch is on another axis
+#: than the training step; ``seal`` and ``provisional`` a step batch's.
+LineFacts = tuple[int, Any, bool, Any, bool]
+
+
+def parse_facts(raw: bytes) -> tuple[int, LineFacts]:
+    """``(seq, facts)`` of one line's bytes, without building its record when the line is a
+    step as :func:`encode_record` writes it; raises as :func:`parse_record` does."""
+    match = _STEP_LINE.fullmatch(raw)
+    if match is not None:
+        step, axis, seal, provisional, seq = match.groups()
+        return int(seq), (
+            STEP, int(step), axis != b"null", None if seal is None else int(seal),
+            provisional is not None,
+        )  # fmt: skip
+    seq, record = parse_record(raw)
+    return seq, facts_of(record)
+
+
+def facts_of(record: Any) -> LineFacts:
+    if record is None:
+        return (OPAQUE, -1, False, None, False)
+    if isinstance(record, StepBatch):
+        return (STEP, record.step, record.axis is not None, record.seal, record.provisional)
+    return (OTHER, getattr(record, "step", -1), False, None, False)
+
+
 def read_acks(directory: Path) -> Acks:
+    """The marks of ``acked.log``, read line by line: ``one`` marks are kept as ranges
+    (:class:`SeqSet`), so that a log of millions of them costs a few ranges, not a set."""
     acks = Acks()
     path = directory / "acked.log"
     if not path.exists():
         return acks
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        kind, _, number = line.partition(" ")
-        if kind in ("try", "tried"):  # "try": without the record count (older spools)
-            acks.attempt = _parse_attempt(number, counted=kind == "tried") or acks.attempt
-            continue
-        if kind == "bad":
-            segment, _, offset = number.partition(" ")
-            if offset.isdigit():
-                acks.set_aside.add((segment, int(offset)))
-            continue
-        if kind == "gone":
-            first, _, last = number.partition(" ")
-            if first.isdigit() and last.isdigit():
-                acks.gone.append(range(int(first), int(last) + 1))
-            continue
-        if not number.isdigit():
-            continue  # a torn line from a crash
-        if kind == "upto":
-            acks.upto = max(acks.upto, int(number))
-        elif kind == "one":
-            acks.ones.add(int(number))
+    # one marks, as ranges of numbers that follow one another, in the order they come
+    firsts, lasts = array("q"), array("q")
+    in_order = True
+    # newline="": lines end where splitlines() would end them too (each piece is split again)
+    with path.open(encoding="utf-8", errors="replace", newline="") as f:
+        for text in f:
+            for line in text.splitlines():
+                kind, _, number = line.partition(" ")
+                if kind in ("try", "tried"):  # "try": without the record count (older spools)
+                    acks.attempt = _parse_attempt(number, counted=kind == "tried") or acks.attempt
+                    continue
+                if kind == "bad":
+                    segment, _, offset = number.partition(" ")
+                    if offset.isdigit():
+                        acks.set_aside.add((segment, int(offset)))
+                    continue
+                if kind == "gone":
+                    first, _, last = number.partition(" ")
+                    if first.isdigit() and last.isdigit():
+                        acks.gone.append(range(int(first), int(last) + 1))
+                    continue
+                if not number.isdigit():
+                    continue  # a torn line from a crash
+                if kind == "upto":
+                    acks.upto = max(acks.upto, int(number))
+                elif kind == "one":
+                    seq = int(number)
+                    if firsts and firsts[-1] <= seq <= lasts[-1] + 1:
+                        lasts[-1] = max(lasts[-1], seq)
+                        continue
+                    if firsts and seq < firsts[-1]:
+                        in_order = False
+                    firsts.append(seq)
+                    lasts.append(seq)
+    acks.ones = _ranges_above(firsts, lasts, acks.upto, in_order)
     return acks
+
+
+#: Ranges sorted at a time when ``one`` marks came out of order (a replay far out of sequence
+#: order): a sort of tuples for this many only, the rest stays in arrays.
+_SORT_CHUNK = 1 << 16
+
+
+def _ranges_above(firsts: array[int], lasts: array[int], upto: int, in_order: bool) -> SeqSet:
+    """The ranges as a :class:`SeqSet`, without what ``upto`` already covers."""
+    if in_order:
+        kept = ((a, b) for a, b in zip(firsts, lasts, strict=True) if b > upto)
+        return SeqSet.from_ranges(kept, presorted=True)
+    chunks = []
+    for at in range(0, len(firsts), _SORT_CHUNK):
+        ends = lasts[at : at + _SORT_CHUNK]
+        part = sorted((a, b) for a, b in zip(firsts[at : at + _SORT_CHUNK], ends, strict=True)
+                      if b > upto)  # fmt: skip
+        chunks.append((array("q", (a for a, _ in part)), array("q", (b for _, b in part))))
+    del firsts[:], lasts[:]
+    merged = heapq.merge(*(zip(a, b, strict=True) for a, b in chunks))
+    return SeqSet.from_ranges(merged, presorted=True)
 
 
 def _parse_attempt(text: str, counted: bool) -> Attempt | None:
@@ -382,19 +637,44 @@ def scan(
 ) -> tuple[list[tuple[int, Any]], list[Skipped], set[int]]:
     """Every record not yet done (in sequence order), the unreadable lines and missing records
     that may hold records not yet done, and the ``seal`` numbers of every sealed step batch in
-    the spool (done or not).
-
-    The readable lines around an unreadable one tell which sequence numbers it held (numbers
-    grow by one per line); an unreadable line whose records are all done already is passed over:
-    the tracker has them. Numbers that no segment holds (a segment deleted or cut from outside)
-    are reported as missing, up to ``known_end`` (the last number the run wrote, when its
-    metadata says) or the last one marked or attempted.
+    the spool (done or not). All in memory: ``otel-rl replay`` streams the spool with
+    :func:`walk` instead.
     """
     acks = read_acks(directory)
     records: list[tuple[int, Any]] = []
     skipped: list[Skipped] = []
     sealed: set[int] = set()
-    segments = segment_paths(directory)
+    for seq, record, _, _ in walk(directory, acks, skipped, known_end=known_end):
+        if isinstance(record, StepBatch) and record.seal is not None and not record.provisional:
+            sealed.add(record.seal)
+        if not acks.done(seq):
+            records.append((seq, record))
+    return records, skipped, sealed
+
+
+def walk(
+    directory: Path,
+    acks: Acks,
+    skipped: list[Skipped],
+    *,
+    segments: list[Path] | None = None,
+    known_end: int = 0,
+    parse: LineParser = parse_record,
+) -> Iterator[tuple[int, Any, int, int]]:
+    """``(seq, value, segment, start)`` of every line of the spool read back whole, done or not,
+    in the order of the segments (``segments``, an index into them) and of their lines
+    (``start``, the line's byte offset); unreadable lines and missing records that may hold
+    records not yet done are appended to ``skipped`` as they are found.
+
+    The readable lines around an unreadable one tell which sequence numbers it held (numbers
+    grow by one per line); an unreadable line whose records are all done already is passed over:
+    the tracker has them. Numbers that no segment holds (a segment deleted or cut from outside)
+    are reported as missing, up to ``known_end`` (the last number the run wrote, when its
+    metadata says) or the last one marked or attempted. A line whose number was used already in
+    its segment (written over another) is unreadable too.
+    """
+    if segments is None:
+        segments = segment_paths(directory)
     expected: int | None = None  # the number the next record carries
     end = max(known_end, acks.upto, acks.attempt.last if acks.attempt else 0)
     for index, path in enumerate(segments):
@@ -404,21 +684,18 @@ def scan(
             skipped += _missing(directory, range(expected, first), acks)
         previous = first - 1
         here: list[Skipped] = []
-        line_start = 0
-        for seq, record, line_end in read_segment(path, skipped=here, final=True):
-            start, line_start = line_start, line_end
+        shown = 0  # where a line written over another is said to start (the last line's end)
+        for seq, value, start, line_end in read_lines(path, 0, here, final=True, parse=parse):
+            at, shown = shown, line_end
             if seq <= previous:  # a line copied over another: a number that was used already
-                here.append(Skipped(path, start, f"sequence number {seq} comes again after "
+                here.append(Skipped(path, at, f"sequence number {seq} comes again after "
                                     f"{previous} (a line written over another)"))  # fmt: skip
                 continue
             if here:  # the generator appends to this very list: empty it in place
                 skipped.extend(_placed(here, range(previous + 1, seq), acks))
                 here.clear()
             previous = seq
-            if isinstance(record, StepBatch) and record.seal is not None and not record.provisional:
-                sealed.add(record.seal)
-            if not acks.done(seq):
-                records.append((seq, record))
+            yield seq, value, index, start
         expected = previous + 1
         if here:  # at the end of a segment: the next number known bounds it
             bound = _first_seq(segments[index + 1]) if not last else end + 1
@@ -429,14 +706,26 @@ def scan(
         expected = acks.upto + 1
     if end >= expected:
         skipped += _missing(directory, range(expected, end + 1), acks)
-    return records, skipped, sealed
+
+
+def pending_count(directory: Path, known_end: int = 0) -> int:
+    """How many records of a spool are not done, read line by line (what :func:`scan` would
+    return, counted without holding them)."""
+    acks = read_acks(directory)
+    return sum(
+        1
+        for seq, _, _, _ in walk(directory, acks, [], known_end=known_end, parse=parse_facts)
+        if not acks.done(seq)
+    )
 
 
 def _missing(directory: Path, seqs: range, acks: Acks) -> list[Skipped]:
-    waiting = [seq for seq in seqs if not acks.done(seq)]
-    if not waiting:
+    # The first and last numbers not done, found without listing the range (it may be long).
+    first = next((seq for seq in seqs if not acks.done(seq)), None)
+    if first is None:
         return []
-    span = range(waiting[0], waiting[-1] + 1)
+    last = next(seq for seq in reversed(seqs) if not acks.done(seq))
+    span = range(first, last + 1)
     reason = "no segment holds them: a segment was deleted or cut from outside"
     return [Skipped(directory, -1, reason, span, kind="missing")]
 
@@ -516,20 +805,82 @@ def write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
 
 
 class DoneMarks:
-    """Appends ``one N`` marks for ``otel-rl replay``: each call reaches the kernel before it
-    returns, so a replay killed at any moment and run again never re-sends a marked record."""
+    """Appends delivery marks for ``otel-rl replay``: each call reaches the kernel before it
+    returns, so a replay killed at any moment and run again never re-sends a marked record.
 
-    def __init__(self, directory: Path) -> None:
+    Given the spool's marks as they were read before the replay (``acks``; nobody else marks the
+    spool while its lock is held), a mark that leaves every number up to N done (marked before,
+    or by this replay) is written ``upto N``: a replay in sequence order (steps that grow, the
+    usual backlog) writes one line per write, not one per record, and the next read of the log
+    is a number, not a set. Other records get ``one N`` lines; the ranges of those kept to move
+    ``N`` on are bounded (:attr:`AHEAD_RANGES`: beyond them, far out of sequence order, the
+    marks are ``one`` lines only).
+    """
+
+    #: Ranges of marks above the highest ``upto`` kept in memory.
+    AHEAD_RANGES = 1 << 16
+
+    def __init__(self, directory: Path, acks: Acks | None = None) -> None:
         self._file = _open_private(directory / "acked.log", "a")
+        self._acks = acks
+        self._upto = acks.upto if acks is not None else 0
+        self._ahead = SeqSet()  # marked by this replay above self._upto
 
     def note_attempt(self, first: int, last: int, records: int, position: Any) -> None:
         self._file.write(attempt_line(first, last, records, position))
         self._file.flush()
 
-    def mark(self, seqs: list[int]) -> None:
-        if seqs:
-            self._file.write("".join(f"one {s}\n" for s in seqs))
+    def mark(self, seqs: Iterable[int]) -> None:
+        batch: list[int] = []
+        for seq in seqs:
+            batch.append(seq)
+            if len(batch) == 4096:  # one write call each, of tens of kilobytes at most
+                self._write(batch)
+                batch = []
+        if batch:
+            self._write(batch)
+
+    @property
+    def upto(self) -> int:
+        """Every number up to this one is done (as far as these marks tell)."""
+        return self._upto
+
+    def _write(self, seqs: list[int]) -> None:
+        upto = self._upto
+        if self._acks is not None:
+            first, last = seqs[0], seqs[-1]
+            if first == upto + 1 and last - first == len(seqs) - 1 and seqs == [
+                *range(first, last + 1)
+            ]:  # the usual write: the records right after the last mark, in order
+                upto = last
+            else:
+                ahead = self._ahead
+                for seq in seqs:
+                    if seq > upto and (
+                        ahead.range_count < self.AHEAD_RANGES or ahead.end_of(seq - 1) is not None
+                    ):
+                        ahead.add(seq)
+            upto = self._advance(upto)
+        lines = [f"upto {upto}\n"] if upto > self._upto else []
+        lines += [f"one {seq}\n" for seq in seqs if seq > upto]
+        self._upto = upto
+        if lines:
+            self._file.write("".join(lines))
             self._file.flush()
+
+    def _advance(self, upto: int) -> int:
+        """The highest N from ``upto`` on such that every number up to N is done (every number
+        up to ``upto`` is)."""
+        assert self._acks is not None
+        while True:
+            end = self._ahead.end_of(upto + 1)
+            if end is None:
+                end = self._acks.done_through(upto + 1)
+            if end is None:
+                break
+            upto = end
+        self._ahead.discard_upto(upto)
+        return upto
 
     def set_aside(self, lines: list[Skipped]) -> None:
         """Unreadable lines and missing records reported once: later replays pass over them

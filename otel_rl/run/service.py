@@ -14,7 +14,6 @@ import importlib
 import json
 import logging
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -26,8 +25,10 @@ from otel_rl.core.errors import ConfigError
 from otel_rl.core.failures import count_loss
 from otel_rl.core.redaction import compile_patterns
 from otel_rl.delivery.fanout import Fanout
+from otel_rl.delivery.frames import decode_record, read_frames
+from otel_rl.delivery.intake import forget_launch
 from otel_rl.delivery.options import ExportOptions
-from otel_rl.delivery.service_link import CHILD_GRACE, decode_record
+from otel_rl.delivery.service_link import CHILD_GRACE
 from otel_rl.delivery.spool import spool_for
 from otel_rl.process.cores import keep_process_to
 from otel_rl.process.deadline import Deadline, stop_in_parallel
@@ -39,34 +40,12 @@ _STATS_EVERY = 0.25
 _NICENESS = 10
 
 
-def frames(fd: int) -> Iterator[tuple[Any, ...]]:
-    """The messages of the records pipe, until it ends (the training process closed it, or
-    died)."""
-    buffer = bytearray()
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return
-        buffer += chunk
-        start = 0
-        while len(buffer) - start >= 4:
-            size = int.from_bytes(buffer[start : start + 4], "big")
-            if len(buffer) - start - 4 < size:
-                break
-            try:
-                yield pickle.loads(buffer[start + 4 : start + 4 + size])
-            except Exception as exc:  # e.g. a setup function this process cannot import
-                _log.warning("otel-rl: a message from the training process cannot be read in "
-                             "the delivery process (%s: %s); skipped", type(exc).__name__, exc)
-            start += 4 + size
-        del buffer[:start]
-
-
 def messages(records_fd: int) -> Iterator[tuple[Any, ...]]:
-    """The messages of the records pipe, with the handoff files it names read in their place
-    (then deleted), and, once the pipe ends, the training process's files it never named (it
-    was killed while the pipe was full): nothing it handed over is left unread."""
-    incoming = frames(records_fd)
+    """The messages of the records pipe, with the handoff files it names read in their place,
+    and, once the pipe ends, the training process's files it never named (it was killed while
+    the pipe was full): nothing it handed over is left unread. After a file's frames comes
+    ``("read", path)``: the file may go once every spool holds them (:class:`Intake`)."""
+    incoming = read_frames(records_fd)
     hello = next(incoming, None)
     if hello is None or hello[0] != "hello":
         return
@@ -93,10 +72,38 @@ def _handoff(path: Path) -> Iterator[tuple[Any, ...]]:
                      "lost", path, exc)  # fmt: skip
         return
     try:
-        yield from frames(fd)  # a frame cut short by a kill, at its end, is not read
+        yield from read_frames(fd)  # a frame cut short by a kill, at its end, is not read
     finally:
         os.close(fd)
-        path.unlink(missing_ok=True)
+    yield ("read", path)
+
+
+class Intake:
+    """How far every spool has got with the frames read: the training process keeps the frames
+    the pipe gave until then, and a handoff file stays until then (otel_rl/delivery/intake.py).
+    """
+
+    def __init__(self, exporters: Sequence[Any]) -> None:
+        self._exporters = exporters
+        self.handed = 0  # the number of the last record frame handed to the trackers
+        self._files: list[tuple[int, Path]] = []  # read whole: (its last frame, path)
+        self._lock = threading.Lock()
+
+    def read(self, path: Path) -> None:
+        with self._lock:
+            self._files.append((self.handed, path))
+
+    def spooled_through(self) -> int:
+        """Every frame up to this number is in every spool it was sent to. Deletes the handoff
+        files read whole up to there."""
+        handed = self.handed  # first: a frame handed on meanwhile is in a channel, or spooled
+        through = min((e.intake_spooled(handed) for e in self._exporters), default=handed)
+        with self._lock:
+            done = [path for last, path in self._files if last <= through]
+            self._files = [(last, path) for last, path in self._files if last > through]
+        for path in done:
+            path.unlink(missing_ok=True)
+        return through
 
 
 class Status:
@@ -134,12 +141,13 @@ class LogToTrainingProcess(logging.Handler):
             self.handleError(record)
 
 
-def status_of(exporters: Sequence[Any]) -> dict[str, Any]:
-    """Each tracker's counters, and its run as ``resume_config`` names it (e.g. MLflow's run id,
-    known once the tracker has opened it)."""
+def status_of(exporters: Sequence[Any], intake: Intake) -> dict[str, Any]:
+    """Each tracker's counters, its run as ``resume_config`` names it (e.g. MLflow's run id,
+    known once the tracker has opened it), and how far the spools have got."""
     return {
         "stats": {e.name: {**e.stats, "pending": e.pending} for e in exporters},
         "runs": {e.name: e.resume_config for e in exporters if getattr(e, "resume_config", None)},
+        "intake": intake.spooled_through(),
     }
 
 
@@ -186,6 +194,8 @@ def serve(records_fd: int, status: Status) -> int:
         return 1
     exporters = trackers.exporters
     fanout = Fanout(exporters)
+    intake = Intake(exporters)
+    launch = str(settings["launch"])
     status.send(started=True, spools={
         e.name: None if e.spool_dir is None else str(e.spool_dir) for e in exporters
     })  # fmt: skip
@@ -193,7 +203,7 @@ def serve(records_fd: int, status: Status) -> int:
 
     def report() -> None:
         while not done.wait(_STATS_EVERY):
-            status.send(**status_of(exporters))
+            status.send(**status_of(exporters, intake))
 
     threading.Thread(target=report, name="otel-rl-delivery-stats", daemon=True).start()
     warned: set[str] = set()
@@ -204,8 +214,14 @@ def serve(records_fd: int, status: Status) -> int:
                 record = decode_record(message[2])
             except Exception as exc:  # an object this process cannot rebuild: costs only itself
                 unreadable(fanout.select(message[1]), exc, warned)
+                intake.handed = message[3]
                 continue
+            # Spooled with the record: a frame also kept in a file is spooled once.
+            object.__setattr__(record, "intake", (launch, message[3]))
             fanout.send(record, to=message[1])
+            intake.handed = message[3]
+        elif message[0] == "read":
+            intake.read(message[1])
         elif message[0] == "setup":  # e.g. verl's MLflow metric names (compat/verl.py)
             tracker = fanout.named(message[1])
             try:
@@ -216,14 +232,17 @@ def serve(records_fd: int, status: Status) -> int:
         elif message[0] == "flush":
             deadline = Deadline(float(message[2]))
             ok = all(e.force_flush(timeout_millis=deadline.left() * 1000) for e in exporters)
-            status.send(flushed=message[1], ok=ok, **status_of(exporters))
+            status.send(flushed=message[1], ok=ok, **status_of(exporters, intake))
         elif message[0] == "end":
             exit_code, seconds = int(message[1]), float(message[2])
             break
     deadline = Deadline(seconds)
     stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + CHILD_GRACE)
     done.set()
-    status.send(**status_of(exporters), finished={e.name: int(e.undelivered) for e in exporters})
+    status.send(**status_of(exporters, intake),
+                finished={e.name: int(e.undelivered) for e in exporters})  # fmt: skip
+    if exit_code == KILLED_EXIT_CODE and settings.get("handoff_dir"):  # its training process died
+        forget_launch(Path(settings["handoff_dir"]), int(settings["pid"]))
     return 0
 
 

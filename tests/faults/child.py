@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
                 time.sleep(rng.uniform(0.0, 0.01))
         elif plan.loop == "finish":
             time.sleep(rng.uniform(0.0, 0.002))
+        # "tight" and "overload": no pause at all
         step += 1
     print(f"F {time.monotonic()}")
     logger.finish()

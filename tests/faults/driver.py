@@ -26,7 +26,7 @@ from otel_rl.delivery.spool import holder_of, spool_root
 from tests.faults import delivered as readers
 from tests.faults.fault_tracker import install_entry_point, set_mode
 from tests.faults.invariant import Counts, Finding, check
-from tests.faults.plan import DEFAULT_GRACE, ChildPlan, IterationPlan
+from tests.faults.plan import DEFAULT_GRACE, OVERLOAD_SECONDS, ChildPlan, IterationPlan
 
 REPO = Path(__file__).resolve().parents[2]
 REPLAY_ATTEMPTS = 4
@@ -128,13 +128,14 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
         # Relative: the run starts in its work folder, the replay elsewhere (operator's seat).
         log_dir="logs" if plan.relative_paths else str(log_dir),
         seed=plan.seed,
-        loop={"loop": "paced", "tight": "tight", "finish": "finish"}[plan.kill_point],
+        loop="paced" if plan.kill_point == "loop" else plan.kill_point,
         steps=plan.steps,
         long_steps=plan.long_steps,
         fsync_interval=h.fsync_interval,
         shutdown_timeout=h.shutdown_timeout,
         faultfile={"path": str(rows), "control": str(control)},
         delivery=plan.delivery,
+        max_seconds=OVERLOAD_SECONDS if plan.kill_point == "overload" else 60.0,
         mlflow=(
             {"tracking_uri": h.mlflow.url, "experiment_name": experiment}
             if plan.mlflow
@@ -180,7 +181,8 @@ def run_iteration(h: Harness, index: int, plan: IterationPlan) -> IterationResul
                 findings.append(Finding("replay", "during-run", [], f"exit {code}: {text[-600:]}"))
             refused += code == BUSY_EXIT_CODE
             notes.append(f"replay during the run: exit {code}")
-        time.sleep(max(0.0, plan.kill_delay - (time.monotonic() - began_wait)))
+        with contextlib.suppress(subprocess.TimeoutExpired):  # one that ended is not waited for
+            child.wait(max(0.0, plan.kill_delay - (time.monotonic() - began_wait)))
         sig = getattr(signal, plan.signal)
         kill_at = time.monotonic()
         if child.poll() is None:
@@ -369,6 +371,7 @@ class RunSummary:
     damaged_steps: int = 0  # steps whose spool lines were damaged (may be lost, never doubled)
     delivery_process: int = 0  # iterations whose trackers ran in the delivery process
     delivery_paused: int = 0  # ... which was stopped for a while before a SIGKILL
+    overloads: dict[str, int] = field(default_factory=dict)  # loops flat out, by delivery mode
     per_tracker: dict[str, Counts] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)  # one line per iteration
@@ -392,6 +395,8 @@ class RunSummary:
         self.damaged_steps += result.damaged_steps
         self.delivery_process += plan.delivery == "process"
         self.delivery_paused += plan.pause_delivery is not None
+        if plan.kill_point == "overload":
+            self.overloads[plan.delivery] = self.overloads.get(plan.delivery, 0) + 1
         for tracker, counts in result.counts.items():
             self.per_tracker.setdefault(tracker, Counts())
             self.per_tracker[tracker] += counts
@@ -422,6 +427,7 @@ class RunSummary:
             "damaged_steps": self.damaged_steps,
             "delivery_process": self.delivery_process,
             "delivery_paused": self.delivery_paused,
+            "overloads": self.overloads,
             "rows_expected": self.total.expected,
             "rows_delivered": self.total.delivered,
             "expected_rows_delivered": self.total.expected_delivered,

@@ -44,7 +44,9 @@ class ChildPlan:
 
     log_dir: str
     seed: str
-    loop: str  # "paced" (variable step times), "tight" (no pause), "finish" (N steps, finish())
+    # "paced" (variable step times), "tight" (no pause), "finish" (N steps, finish()), "overload"
+    # (no pause for max_seconds, then finish() far behind the trackers)
+    loop: str
     steps: int  # steps before finish() ("finish" loops); others run until killed
     long_steps: bool  # some paced steps take 0.3-1.2 s (the pending step of a long step)
     fsync_interval: float
@@ -90,7 +92,9 @@ class IterationPlan:
     """Where and how one iteration injects its faults; everything follows from ``seed``."""
 
     seed: str
-    kill_point: str  # "loop", "tight" (inside log_metrics, most likely) or "finish"
+    # "loop", "tight" (inside log_metrics, most likely), "finish", or "overload" (a loop flat
+    # out, then finish() far behind: killed in the loop, in finish(), or not at all)
+    kill_point: str
     signal: str  # SIGKILL, SIGTERM or SIGINT
     kill_delay: float  # seconds after the Logger is ready ("finish": after finish() starts)
     steps: int
@@ -112,9 +116,8 @@ class IterationPlan:
     replay_during_run: bool = False
     corrupt: str | None = None
     delivery: str = "thread"  # "process": the trackers run in the delivery process
-    # [start, seconds] of a stopped delivery process (only before a SIGKILL in the loop: a
-    # finish() whose deadline passes while it is stopped loses what it had not read, by
-    # design, counted).
+    # [start, seconds] of a stopped delivery process (before a SIGKILL: in the loop, or in a
+    # finish() whose deadline may pass while it is stopped).
     pause_delivery: list[float] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -194,9 +197,31 @@ def make_plan(
         # Drawn last: the plans of a seed drawn before this dimension existed stay the same.
         delivery="process" if rng.random() < 0.3 else "thread",
     )
-    if plan.delivery == "process" and signal == "SIGKILL" and kill_point != "finish" and (
-        rng.random() < 0.6
-    ):
+    if plan.delivery == "process" and signal == "SIGKILL" and rng.random() < 0.6:
         start = rng.uniform(0.0, 1.0)
         plan.pause_delivery = [start, rng.uniform(0.3, 2.0)]
+    if rng.random() < OVERLOAD_SHARE:
+        _overload(plan, rng)
     return plan
+
+
+#: The share of iterations that overload the trackers (drawn last, as the dimensions above).
+OVERLOAD_SHARE = 0.15
+#: Seconds an overload loop logs flat out before its finish().
+OVERLOAD_SECONDS = 1.5
+
+
+def _overload(plan: IterationPlan, rng: random.Random) -> None:
+    """A loop flat out for OVERLOAD_SECONDS, then finish(), whose deadline passes far behind
+    the trackers, in either delivery mode; SIGKILLed in the loop, in finish(), or not at all
+    (then every step logged must arrive)."""
+    plan.kill_point = "overload"
+    plan.signal = "SIGKILL"
+    plan.kill_delay = rng.choice([rng.uniform(0.3, OVERLOAD_SECONDS),
+                                  rng.uniform(OVERLOAD_SECONDS, OVERLOAD_SECONDS + 1.5),
+                                  600.0])  # fmt: skip
+    plan.delivery = rng.choice(["thread", "process"])
+    plan.tracker_mode = rng.choice(["ok", "slow"])
+    plan.replay_slow = False
+    plan.replay_during_run = False
+    plan.pause_delivery = None

@@ -38,6 +38,21 @@ def _cfg(tmp_path: Path, **extra: object) -> dict[str, object]:
     }
 
 
+def _handoff_files(tmp_path: Path) -> list[Path]:
+    """What the run left in its handoff folder (none once every frame is spooled: the folder
+    goes with its last file)."""
+    folder = handoff_dir(tmp_path / "logs")
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
+def _replayed_steps(tmp_path: Path) -> list[int]:
+    """``otel-rl replay`` of the run (it must succeed), then the JSONL file's steps."""
+    replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    return [r["step"] for r in jsonl_rows(tmp_path / "logs" / "metrics.jsonl")]
+
+
 def _wait_released(spool: Path, timeout: float = 30.0) -> None:
     """Until the delivery process has let go of the spool (it ended)."""
     ends = time.monotonic() + timeout
@@ -301,7 +316,11 @@ def test_a_run_id_in_use_is_refused_at_logger_with_the_delivery_process_reason(t
         first.finish()
 
 
-def test_a_dead_delivery_process_costs_its_records_counted_and_never_the_loop(tmp_path, caplog):
+def test_a_dead_delivery_process_never_costs_the_loop_and_its_records_wait_for_replay(
+    tmp_path, caplog
+):
+    """Killed during the run (as by the OOM killer): the loop goes on at once, every record
+    logged after goes to the leftover file, and replay delivers every step once."""
     logger = Logger(_cfg(tmp_path))
     for step in range(10):
         logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
@@ -319,18 +338,19 @@ def test_a_dead_delivery_process_costs_its_records_counted_and_never_the_loop(tm
     began = time.monotonic()
     logger.finish()
     assert time.monotonic() - began < 2.0
-    assert logger.exporters[0].lost == {"delivery_process": 50}
+    assert (logger.exporters[0].lost, logger.exporters[0].undelivered) == ({}, 50)
     assert [r.getMessage() for r in caplog.records if "delivery process exited" in r.getMessage()]
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(10))
+    assert _replayed_steps(tmp_path) == list(range(60))
 
 
-def test_a_delivery_process_dying_with_frames_unread_counts_them_and_leaves_no_file(
+def test_a_delivery_process_dying_with_frames_unread_leaves_them_and_later_records_to_replay(
     tmp_path, caplog
 ):
-    """Stopped with frames in the pipe and in handoff files, then killed: what it never read is
-    counted lost with what is logged after it (every step is either in the JSONL file or
-    counted), its error line says how many, and no handoff file is left behind."""
+    """Stopped with frames in the pipe and in handoff files, then killed: what it never read
+    (the pipe's frames, kept here until it has spooled them; the handoff files) and what is
+    logged after it wait in files for ``otel-rl replay``, which delivers every step once."""
     logger, pid = _ten_steps_then_stopped(tmp_path)
     for step in range(10, 2010):
         logger.log_metrics({"x": float(step), "pad": "p" * 2000}, step=step, step_finished=True)
@@ -344,23 +364,25 @@ def test_a_delivery_process_dying_with_frames_unread_counts_them_and_leaves_no_f
             time.sleep(0.02)
         for step in range(2010, 2020):
             logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
-    assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
     logger.finish()
     (error,) = [m for m in caplog.messages if "delivery process exited" in m]
-    assert "2000 record(s) it had not spooled" in error
-    assert logger.exporters[0].lost == {"delivery_process": 2010}
+    assert "wait in" in error and "for otel-rl replay" in error, error
+    tracker = logger.exporters[0]
+    assert (tracker.lost, tracker.undelivered, tracker.link.in_files("jsonl")) == ({}, 2010, 2010)
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(10))
+    assert _replayed_steps(tmp_path) == list(range(2020))
+    assert _handoff_files(tmp_path) == []
 
 
 @pytest.mark.parametrize("kill_after", [0.05, 0.3])
-def test_every_record_is_delivered_replayable_or_counted_when_the_delivery_process_dies(
+def test_every_record_is_delivered_or_replayable_when_the_delivery_process_dies(
     tmp_path, caplog, kill_after
 ):
     """Killed while ``finish()`` waits for it, far behind a loop of 30,000 steps: each step is
-    in the tracker once (after replay) or counted lost, never both and never neither. What it
-    had read but not yet spooled is lost too; the count comes from its spools, not from its
-    last report (which missed up to 20,000 and counted some that replay then delivered)."""
+    in the tracker once after replay, none lost, also what it had read but not yet spooled;
+    ``delivered`` and ``undelivered`` come from its spools and files, not from its last report
+    (which missed up to 20,000)."""
     steps = 30_000
     logger = Logger(_cfg(tmp_path))
     pid = logger.exporters[0].link.process.pid
@@ -371,17 +393,11 @@ def test_every_record_is_delivered_replayable_or_counted_when_the_delivery_proce
         logger.finish()
     assert "delivery process exited (code -9) before the run ended" in caplog.text
     tracker = logger.exporters[0]
-    lost = tracker.lost
-    assert set(lost) <= {"delivery_process"} and tracker.pending == 0
+    assert tracker.lost == {} and tracker.pending == 0
     # Read from the spool once it died, not from its last report (a quarter second old).
     delivered, undelivered = tracker.stats["delivered"], tracker.undelivered
-    replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert replay.returncode == 0, replay.stdout + replay.stderr
-    arrived = [r["step"] for r in jsonl_rows(tmp_path / "logs" / "metrics.jsonl")]
-    assert arrived == list(range(len(arrived)))  # in order, once each: the lost are the last
-    assert len(arrived) + lost.get("delivery_process", 0) == steps
-    assert delivered + undelivered == len(arrived)
+    assert _replayed_steps(tmp_path) == list(range(steps))
+    assert delivered + undelivered == steps
 
 
 class _RaisingHandler(logging.Handler):
@@ -560,7 +576,7 @@ def test_a_delivery_process_that_stops_reading_never_makes_the_loop_wait(tmp_pat
     logger.finish()
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [(r["step"], r["metrics"]["x"]) for r in rows] == [(s, float(s)) for s in range(3001)]
-    assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
+    assert _handoff_files(tmp_path) == []
 
 
 @pytest.mark.parametrize("pad", [2000, 6000], ids=["rows-under-PIPE_BUF", "rows-over-PIPE_BUF"])
@@ -593,7 +609,7 @@ def test_a_killed_training_process_loses_nothing_it_handed_to_a_file(tmp_path, p
     _wait_released(spool)
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [(r["step"], r["metrics"]["x"]) for r in rows] == [(s, float(s)) for s in range(2000)]
-    assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
+    assert _handoff_files(tmp_path) == []
 
 
 def test_without_a_handoff_file_a_stopped_delivery_process_holds_one_call_at_most_its_patience(
@@ -605,8 +621,9 @@ def test_without_a_handoff_file_a_stopped_delivery_process_holds_one_call_at_mos
     every record kept arrives."""
     cfg = _cfg(tmp_path)
     cfg["export"] = {**cfg["export"], "queue_size": 200}
-    logger = Logger(cfg)
+    handoff_dir(tmp_path / "logs").parent.mkdir(parents=True)
     handoff_dir(tmp_path / "logs").write_text("not a folder")
+    logger = Logger(cfg)
     logger.log_metrics({"x": 0.0}, step=0, step_finished=True)
     assert logger.flush(30)
     pid = _stop_the_delivery_process(logger)
@@ -635,7 +652,9 @@ def test_without_a_handoff_file_a_stopped_delivery_process_holds_one_call_at_mos
     assert set(lost) == {"queue_full"} and len(steps) + lost["queue_full"] == 3001
 
 
-def test_records_still_in_the_pipe_when_finish_gives_up_are_counted_lost(tmp_path, caplog):
+def test_records_still_in_the_pipe_when_finish_gives_up_wait_for_replay(tmp_path, caplog):
+    """The frames the pipe took and the stopped delivery process never read were kept here:
+    at the deadline they go to the leftover file, and replay delivers them once."""
     logger, _ = _ten_steps_then_stopped(tmp_path, shutdown_timeout=1.0)
     for step in range(10, 20):
         logger.log_metrics({"x": float(step)}, step=step, step_finished=True)
@@ -643,13 +662,17 @@ def test_records_still_in_the_pipe_when_finish_gives_up_are_counted_lost(tmp_pat
     with caplog.at_level(logging.WARNING, logger="otel_rl"):
         logger.finish()
     assert time.monotonic() - began < 1.0 + 1.5
-    assert logger.exporters[0].lost == {"delivery_process": 10}
+    assert (logger.exporters[0].lost, logger.exporters[0].undelivered) == ({}, 10)
     messages = [r.getMessage() for r in caplog.records]
-    assert any("what it had not spooled yet is lost (counted)" in m for m in messages), messages
-    assert any("10 record(s) lost for good on their way to the delivery" in m for m in messages)
-    assert not any("exited (code" in m for m in messages), messages
+    assert any("what it had not delivered waits for otel-rl replay" in m for m in messages)
+    assert any("10 record(s) not delivered before the shutdown timeout" in m
+               and "10 in handoff files" in m for m in messages), messages  # fmt: skip
+    assert not any("exited (code" in m or "lost" in m for m in messages), messages
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(10))
+    assert [p.name.split("-")[0] for p in _handoff_files(tmp_path)] == ["launch", "launch", "left"]
+    assert _replayed_steps(tmp_path) == list(range(20))
+    assert _handoff_files(tmp_path) == []
 
 
 def test_a_handoff_file_that_fills_its_disk_loses_nothing_uncounted_and_sends_nothing_twice(
@@ -693,12 +716,9 @@ def test_a_handoff_file_that_fills_its_disk_loses_nothing_uncounted_and_sends_no
     assert set(lost) <= {"queue_full"}
 
 
-def test_frames_in_handoff_files_when_finish_gives_up_are_counted_lost_and_the_files_go(
-    tmp_path, caplog
-):
+def test_frames_in_handoff_files_when_finish_gives_up_wait_for_replay(tmp_path, caplog):
     """``finish()`` keeps its deadline while the delivery process is stopped with frames in
-    handoff files: it is stopped, what it had not read is counted lost (``delivery_process``),
-    and no handoff file is left behind."""
+    handoff files: it is killed, the files stay, and replay delivers every step once."""
     logger, _ = _ten_steps_then_stopped(tmp_path, shutdown_timeout=1.0)
     for step in range(10, 2010):
         logger.log_metrics({"x": float(step), "pad": "p" * 2000}, step=step, step_finished=True)
@@ -708,7 +728,8 @@ def test_frames_in_handoff_files_when_finish_gives_up_are_counted_lost_and_the_f
     with caplog.at_level(logging.WARNING, logger="otel_rl"):
         logger.finish()
     assert time.monotonic() - began < 1.0 + 1.5
-    assert logger.exporters[0].lost == {"delivery_process": 2000}
-    assert list(handoff_dir(tmp_path / "logs").iterdir()) == []
+    assert (logger.exporters[0].lost, logger.exporters[0].undelivered) == ({}, 2000)
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(10))
+    assert _replayed_steps(tmp_path) == list(range(2010))
+    assert _handoff_files(tmp_path) == []
