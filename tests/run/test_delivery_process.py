@@ -61,6 +61,22 @@ def _wait_released(spool: Path, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _wait_ended(pid: int, timeout: float = 30.0) -> None:
+    """Until process ``pid`` (not ours: orphaned, it is reaped or left a zombie) has ended. A
+    delivery process lets go of its spools before its last report, which deletes the handoff
+    files: a released spool does not yet say they are gone."""
+    ends = time.monotonic() + timeout
+    stat = Path(f"/proc/{pid}/stat")
+    while True:
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except (OSError, IndexError):
+            return
+        assert time.monotonic() < ends, f"process {pid} still runs"
+        time.sleep(0.05)
+
+
 def test_every_kind_of_record_arrives_with_its_values_and_no_tracker_thread_runs_here(tmp_path):
     logger = Logger(_cfg(tmp_path, tensorboard_enabled=True))
     assert [e.name for e in logger.exporters] == ["tensorboard", "jsonl"]
@@ -605,8 +621,7 @@ def test_a_killed_training_process_loses_nothing_it_handed_to_a_file(tmp_path, p
     child = int(out.read_text().split()[0])
     assert list(handoff_dir(tmp_path / "logs").glob("handoff-*.frames"))
     os.kill(child, signal.SIGCONT)
-    spool = next((spool_root(tmp_path / "logs") / "jsonl").iterdir())
-    _wait_released(spool)
+    _wait_ended(child)
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
     assert [(r["step"], r["metrics"]["x"]) for r in rows] == [(s, float(s)) for s in range(2000)]
     assert _handoff_files(tmp_path) == []
