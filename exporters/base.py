@@ -114,6 +114,13 @@ class TrackerExporter(MetricExporter):
         kill can cut one write call short, so count what the output holds after it)."""
         return False
 
+    def landed_since(self, position: Any, records: int) -> int | None:
+        """``otel-rl replay``: how many of a write's ``records`` records, counted from the first
+        written, the tracker holds whole after ``position`` (a kill can cut one write call short,
+        leaving its first records whole); ``None`` (the default) when it can tell only all or
+        nothing (:meth:`holds_since` then decides)."""
+        return None
+
     def classify_error(self, exc: BaseException, phase: str) -> Failure:
         """Whether ``exc`` (raised in ``"open"`` or ``"write"``) is transient, permanent or
         refuses one record; override to recognise the tracker's own errors."""

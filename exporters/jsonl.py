@@ -124,6 +124,13 @@ class JsonlExporter(TrackerExporter):
         # torn tail is cut at open and the batch sent again whole).
         return holds_lines_since(self.path, position, records)
 
+    def landed_since(self, position: Any, records: int) -> int | None:
+        # One line per batch, in the order written; the torn line after them is cut at open. A
+        # subclass whose format_line skips batches may count one landed that was not: a record
+        # is then sent twice, never lost.
+        lines = whole_lines_since(self.path, position)
+        return None if lines is None else min(lines, records)
+
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         path = self.beside("hyperparams.json")
         merged: dict[str, Any] = {}
@@ -184,6 +191,17 @@ def holds_lines_since(path: str | os.PathLike[str], position: Any, records: int 
     if not tail.endswith(b"\n"):
         return False  # a write cut short: the line is cut at open and the batch sent again
     return records is None or tail.count(b"\n") >= records
+
+
+def whole_lines_since(path: str | os.PathLike[str], position: Any) -> int | None:
+    """How many whole lines the file at ``path`` holds after byte ``position`` (``None`` when it
+    cannot be read there)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(int(position))
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except (OSError, TypeError, ValueError):
+        return None
 
 
 def _cut_torn_tail(path: Path) -> None:

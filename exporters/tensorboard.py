@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.tensorboard_summaries import (
+    HPARAMS_START_TAG,
     hparams_end_value,
     hparams_start_value,
     image_value,
@@ -104,6 +105,26 @@ class TensorBoardExporter(TrackerExporter):
             return False
         whole, count = _whole_records(tail)
         return whole and count > 0 and (records is None or count >= records)
+
+    def landed_since(self, position: Any, records: int) -> int | None:
+        # The whole events after the position, but the hyperparameter record a write may start
+        # with; a torn one after them stays in its file, where readers stop (the next write
+        # goes to a new file).
+        from tensorboard.compat.proto import event_pb2
+
+        try:
+            path = self.log_dir / str(position["file"])
+            with path.open("rb") as f:
+                f.seek(int(position["size"]))
+                tail = f.read()
+        except (KeyError, TypeError, ValueError, OSError):
+            return None
+        try:
+            events = [event_pb2.Event.FromString(payload) for payload in _payloads(tail)]
+        except Exception:  # not what this tracker wrote: the all-or-nothing check decides
+            return None
+        steps = [e for e in events if all(v.tag != HPARAMS_START_TAG for v in e.summary.value)]
+        return min(len(steps), records)
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         changed = any(k not in self._hparams or self._hparams[k] != v for k, v in params.items())
@@ -224,6 +245,19 @@ def _crc32c() -> Any:
         return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
     return masked
+
+
+def _payloads(data: bytes) -> list[bytes]:
+    """The data of each whole TFRecord frame at the start of ``data``."""
+    payloads, position = [], 0
+    while position + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, position)
+        end = position + 12 + length + 4
+        if end > len(data):
+            break
+        payloads.append(data[position + 12 : position + 12 + length])
+        position = end
+    return payloads
 
 
 def _whole_records(data: bytes) -> tuple[bool, int]:

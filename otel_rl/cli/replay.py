@@ -437,10 +437,15 @@ def _landed_before_the_kill(
     attempt: Attempt | None, exporter: Any, uncertain: SeqSet
 ) -> SeqSet:
     """Records of the last write attempted that the tracker holds although they were never
-    marked done (the process died between the write and its mark): ``uncertain``, the records
-    of that write still to send, when the tracker says it holds the write."""
+    marked done (the process died between the write and its mark): of ``uncertain``, the
+    records of that write still to send, the first ones the tracker counts whole (a write cut
+    short by the kill), or all of them when it says it holds the write."""
     if attempt is None or not uncertain:
         return SeqSet()
+    if attempt.records is not None and len(uncertain) == attempt.records:
+        landed = exporter.landed_since(attempt.position, attempt.records)
+        if landed is not None:
+            return _first(uncertain, landed)
     # A kill can cut even one write call short: a tracker that counts what it holds is told
     # how many records the write carried (older trackers take the position alone).
     counts = "records" in inspect.signature(exporter.holds_since).parameters
@@ -449,6 +454,17 @@ def _landed_before_the_kill(
     else:
         holds = exporter.holds_since(attempt.position)
     return uncertain if holds else SeqSet()
+
+
+def _first(seqs: SeqSet, count: int) -> SeqSet:
+    """The ``count`` lowest numbers of ``seqs``."""
+    ranges = []
+    for first, last in seqs.ranges():
+        if count <= 0:
+            break
+        ranges.append((first, min(last, first + count - 1)))
+        count -= last - first + 1
+    return SeqSet.from_ranges(ranges, presorted=True)
 
 
 # ---- the backlog in step order, in bounded memory ---------------------------------------------

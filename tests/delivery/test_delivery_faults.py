@@ -469,3 +469,57 @@ def test_a_step_beyond_int64_is_refused_at_log_metrics(tmp_path, otel_rl_warning
     with pytest.raises(MetricError, match="64-bit"):
         strict.log_metrics({"x": 2.0}, step=-(2**63) - 1)
     strict.finish()
+
+
+def test_a_jsonl_write_cut_short_by_a_kill_is_completed_by_replay_without_repeating_a_line(
+    tmp_path,
+):
+    """A SIGKILL can land inside one write call: the kernel stops copying at a page and the file
+    keeps the write's first lines whole. The killed process here writes the first half of a
+    batch and half a line, then SIGKILLs itself (a kill cannot be timed to land inside a
+    write call, so the cut is injected); its tracker is JSONL's own. Replay counts the whole
+    lines the cut write left, sends only the rest, and every step is in the file once."""
+    logs = tmp_path / "logs"
+    child = textwrap.dedent(f"""
+        import os, signal, threading
+        from otel_rl import Logger
+        from otel_rl.exporters.jsonl import JsonlExporter
+
+        go = threading.Event()
+
+        class CutByAKill(JsonlExporter):
+            def write_batches(self, batches):
+                if batches[0].step >= 5:
+                    go.wait()  # until every step is logged: the next write takes many
+                    if len(batches) > 1:
+                        data = b"".join(map(self.format_line, batches))
+                        whole = len(batches) // 2
+                        cut = sum(map(len, map(self.format_line, batches[:whole]))) + 20
+                        print(len(batches), whole, flush=True)
+                        os.write(self._file.fileno(), data[:cut])
+                        os.kill(os.getpid(), signal.SIGKILL)
+                super().write_batches(batches)
+
+        logger = Logger({{"log_dir": {str(logs)!r}, "jsonl_enabled": False}},
+                        exporters=[CutByAKill({str(logs / "metrics.jsonl")!r})])
+        for step in range(5):
+            logger.log_metrics({{"x": float(step)}}, step=step, step_finished=True)
+        assert logger.flush(30)
+        for step in range(5, 60):
+            logger.log_metrics({{"x": float(step)}}, step=step, step_finished=True)
+        go.set()
+        logger.flush(30)
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == -signal.SIGKILL, out.stdout + out.stderr
+    batch, whole = map(int, out.stdout.split())
+    assert batch > 1 and whole >= 1, out.stdout
+    rows = (logs / "metrics.jsonl").read_bytes().split(b"\n")
+    assert len(rows) - 1 >= 5 + whole and rows[-1], "the first lines whole, then a torn one"
+    replayed = subprocess.run([*REPLAY, str(logs), "--no-progress"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert [(r["step"], r["metrics"]["x"]) for r in jsonl_rows(logs / "metrics.jsonl")] == [
+        (step, float(step)) for step in range(60)
+    ]

@@ -106,3 +106,30 @@ def test_a_lone_surrogate_costs_only_its_key_and_a_text_keeps_its_row(tmp_path, 
     ]
     said = otel_rl_warnings.messages
     assert any("'bad\\udc80key'" in m and "lone surrogate" in m for m in said), said
+
+
+def test_replay_counts_the_events_a_write_cut_short_left_whole(tmp_path):
+    """A kill inside one write leaves its first events whole and a torn one: ``landed_since``
+    counts the whole step events after the noted position (the hyperparameter record the write
+    starts with is not one), so replay sends only the rest. The cut is made by truncating the
+    real event file where the kill would have stopped the copy."""
+    from otel_rl.core.records import StepBatch
+    from otel_rl.exporters.tensorboard import TensorBoardExporter
+
+    exporter = TensorBoardExporter(tmp_path / "tb")
+    writer = exporter.writer()
+    assert writer.open() is None
+    exporter.write_hyperparams({"lr": 0.1})  # pending: written just before the first step
+    position = exporter.write_position()
+    batches = [(s, StepBatch(step=s, values={"x": float(s)})) for s in range(8)]
+    assert writer.write(batches) == (8, None)
+    writer.flush()
+    path = tmp_path / "tb" / position["file"]
+    whole = path.stat().st_size
+    assert exporter.holds_since(position, 9)  # the hyperparameters and eight steps
+    assert exporter.landed_since(position, 8) == 8
+    with path.open("r+b") as f:  # the last event torn: seven whole after the hyperparameters
+        f.truncate(whole - 5)
+    assert exporter.landed_since(position, 8) == 7
+    assert not exporter.holds_since(position, 8)
+    exporter.close(0)
