@@ -44,6 +44,7 @@ def demo_config(
         mlflow={"experiment_name": "otel-rl-demo"},
         swanlab={"project": "otel-rl-demo", "mode": "offline"},
         trackio={"project": "otel-rl-demo"},
+        clearml={"project_name": "otel-rl-demo", "offline": True},
     )
     if prometheus_port is not None:
         cfg["prometheus"] = {"enabled": True, "port": prometheus_port}

@@ -16,13 +16,26 @@ tracking URI and no ``artifact_location``, a new experiment keeps its artifacts 
 jobs; MLflow keeps one plot file per step; a run that crashes is marked failed, not finished;
 lists are logged as summary statistics, never one key per index; ``log_batched_dict_as_jsonl``
 returns after a snapshot and writes in the background (``flush()``/``finish()`` wait for it).
+
+The rest of NeMo RL's module is here as well: ``LoggerInterface`` and the per-backend classes
+(:mod:`otel_rl.compat.nemo_backends`), ``GpuMetricSnapshot`` and ``RayGpuMonitorLogger``
+(:mod:`otel_rl.compat.nemo_gpu_monitor`). A ``LoggerInterface`` in ``Logger.loggers`` that is not
+one of otel-rl's trackers (a team's own, appended to the list, or a class put in place of
+``WandbLogger`` & co.) receives every call NeMo RL's Logger would make on it, on a delivery
+thread of its own (:mod:`otel_rl.compat.nemo_channels`). The SDKs NeMo RL's module imports
+(``wandb``, ``swanlab``, ``mlflow``, ``ray``, ``requests``, ``plt``, ``SummaryWriter``) are
+attributes of this module, imported on first access.
 """
 
 from __future__ import annotations
 
+import copy
+import importlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -47,6 +60,16 @@ from otel_rl.compat.message_samples import (
     print_message_log_samples,
     rewards_as_floats,
 )
+from otel_rl.compat.nemo_backends import (
+    LoggerInterface,
+    MLflowLogger,
+    SwanlabLogger,
+    TensorboardLogger,
+    WandbLogger,
+    merge_generation_logger_workers,
+    summarize_list,
+)
+from otel_rl.compat.nemo_gpu_monitor import GpuMetricSnapshot, RayGpuMonitorLogger
 from otel_rl.compat.nemo_timer import ThreadSafeTimer, TimeoutChecker, Timer, convert_to_seconds
 from otel_rl.compat.nemo_utils import (
     configure_rich_logging,
@@ -55,21 +78,29 @@ from otel_rl.compat.nemo_utils import (
     log_container_init_timing,
 )
 from otel_rl.core.paths import path_inside
+from otel_rl.exporters.base import TrackerExporter
 
 if TYPE_CHECKING:
-    pass
+    from otel_rl.compat.nemo_channels import InterfaceExporter
 
 __all__ = [
     "GPUMonitoringConfig",
+    "GpuMetricSnapshot",
     "Logger",
     "LoggerConfig",
+    "LoggerInterface",
     "MLflowConfig",
+    "MLflowLogger",
+    "RayGpuMonitorLogger",
     "SwanlabConfig",
+    "SwanlabLogger",
     "TensorboardConfig",
+    "TensorboardLogger",
     "ThreadSafeTimer",
     "TimeoutChecker",
     "Timer",
     "WandbConfig",
+    "WandbLogger",
     "active_logger",
     "configure_rich_logging",
     "convert_to_seconds",
@@ -79,6 +110,56 @@ __all__ = [
     "print_message_log_samples",
     "should_log_nemo_gym_full_result_tables",
 ]
+
+#: NeMo RL's private helpers, under their names there.
+_merge_generation_logger_workers = merge_generation_logger_workers
+_summarize_list = summarize_list
+
+# threading and time are attributes here as in NeMo RL's module, where code patches them
+# (``<module>.threading.Thread``, ``<module>.time``): the GPU monitor reads its clock here.
+_THREADING, _TIME = threading, time
+
+#: The SDKs NeMo RL's module imports at its top, imported here on first access (``import
+#: otel_rl.compat.nemo_rl`` stays light): attribute → (module, name in it or None).
+_LAZY_ATTRIBUTES: dict[str, tuple[str, str | None]] = {
+    "wandb": ("wandb", None),
+    "swanlab": ("swanlab", None),
+    "mlflow": ("mlflow", None),
+    "ray": ("ray", None),
+    "requests": ("requests", None),
+    "plt": ("matplotlib.pyplot", None),
+    "SummaryWriter": ("torch.utils.tensorboard", "SummaryWriter"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    spec = _LAZY_ATTRIBUTES.get(name)
+    if spec is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(spec[0])
+    value = getattr(module, spec[1]) if spec[1] else module
+    globals()[name] = value
+    return value
+
+
+#: The per-backend classes by config key, in the order NeMo RL's Logger builds them.
+_BACKEND_CLASSES = (
+    ("wandb", "WandbLogger"),
+    ("swanlab", "SwanlabLogger"),
+    ("tensorboard", "TensorboardLogger"),
+    ("mlflow", "MLflowLogger"),
+)
+#: otel-rl's own classes under those names (a different object there is someone else's).
+_OWN_CLASSES: dict[str, Any] = {
+    "WandbLogger": WandbLogger,
+    "SwanlabLogger": SwanlabLogger,
+    "TensorboardLogger": TensorboardLogger,
+    "MLflowLogger": MLflowLogger,
+    "RayGpuMonitorLogger": RayGpuMonitorLogger,
+}
+#: NeMo RL's GPU rows: ``ray/node.<i>...`` on W&B's ``ray/ray_step`` axis.
+_GPU_PREFIX = "ray"
+_GPU_STEP_METRIC = "ray/ray_step"
 
 
 
@@ -160,6 +241,13 @@ class Logger(CoreOutputs):
 
     ``self.core`` is the :class:`otel_rl.Logger` underneath; ``timer``, ``prometheus_url``,
     ``otlp_endpoint``, ``rollout_monitor`` and ``gpu_monitor`` are its own.
+
+    Each enabled backend is otel-rl's tracker for it while ``WandbLogger``, ``SwanlabLogger``,
+    ``TensorboardLogger``, ``MLflowLogger`` (and ``RayGpuMonitorLogger``) in this module are
+    otel-rl's classes. A different class under one of these names (a subclass assigned there,
+    a patch) is built as NeMo RL builds it (``cls(cfg[<backend>], log_dir=<log_dir>/<backend>)``;
+    the monitor with NeMo RL's keyword arguments and ``parent_logger=self``) in place of
+    otel-rl's tracker, and gets NeMo RL's calls through its own delivery thread.
     """
 
     def __init__(
@@ -175,16 +263,55 @@ class Logger(CoreOutputs):
         # Set first: __del__ reads them even when construction fails half-way.
         self.finished = False
         self.gpu_monitor: Any = None
-        core_cfg, self.log_nemo_gym_full_result_tables = _core_config(cfg)
+        self._channels: dict[int, tuple[Any, InterfaceExporter]] = {}
+        self._channels_lock = threading.Lock()
+        core_cfg, self.log_nemo_gym_full_result_tables, sections = _core_config(cfg)
+        # Backends whose class name was given another class: built here, not by the core.
+        replaced = [
+            (key, globals()[attr])
+            for key, attr in _BACKEND_CLASSES
+            if core_cfg.get(f"{key}_enabled") and globals()[attr] is not _OWN_CLASSES[attr]
+        ]
+        for key, _ in replaced:
+            core_cfg[f"{key}_enabled"] = False
+        monitor_class = globals()["RayGpuMonitorLogger"]
+        own_monitor = monitor_class is _OWN_CLASSES["RayGpuMonitorLogger"]
+        monitor_gpus = bool(core_cfg.get("monitor_gpus"))
+        if monitor_gpus and not own_monitor:
+            core_cfg["monitor_gpus"] = False
         self.core = CoreLogger(core_cfg, exporters=exporters)
         self.cfg = self.core.config
         self.base_log_dir = str(self.cfg["log_dir"])
         os.makedirs(self.base_log_dir, exist_ok=True)
-        #: The tracker exporters (NeMo RL: the backend loggers).
-        self.loggers: list[Any] = list(self.core.exporters)
-        self.wandb_logger = self._tracker("wandb")
-        self.swanlab_logger = self._tracker("swanlab")
+        built = {key: self._build_backend(key, cls, sections) for key, cls in replaced}
+        #: The backend loggers, in NeMo RL's order: otel-rl's tracker exporters, and the
+        #: ``LoggerInterface`` objects built from replaced class names. Append your own.
+        self.loggers: list[Any] = []
+        for key, _ in _BACKEND_CLASSES:
+            backend = built.get(key) or self._tracker(key)
+            if backend is not None:
+                self.loggers.append(backend)
+        self.loggers.extend(e for e in self.core.exporters if e not in self.loggers)
+        self.wandb_logger = built.get("wandb") or self._tracker("wandb")
+        self.swanlab_logger = built.get("swanlab") or self._tracker("swanlab")
         self.gpu_monitor = self.core.gpu_monitor
+        if monitor_gpus and "wandb" in built:
+            # Part of building the backend, on this thread as the constructor itself: the GPU
+            # rows must be on their axis before the first one arrives.
+            try:
+                built["wandb"].define_metric(f"{_GPU_PREFIX}/*", step_metric=_GPU_STEP_METRIC)
+            except Exception as exc:
+                _log.warning("otel-rl: %s.define_metric failed: %s", type(built["wandb"]), exc)
+        if monitor_gpus and not own_monitor:
+            gpu = self.cfg.get("gpu_monitoring") or {}
+            self.gpu_monitor = monitor_class(
+                collection_interval=gpu["collection_interval"],
+                flush_interval=gpu["flush_interval"],
+                metric_prefix=_GPU_PREFIX,
+                step_metric=_GPU_STEP_METRIC,
+                parent_logger=self,
+            )
+            self.gpu_monitor.start()
         self.num_val_samples_to_print = int(self.cfg["num_val_samples_to_print"])
         self.artifacts = ArtifactWriter(max_pending=artifact_queue)
         if not self.loggers:
@@ -205,17 +332,21 @@ class Logger(CoreOutputs):
         self.core.log_metrics(
             _merge_worker_lists(metrics), step, prefix or "", step_metric, step_finished
         )
+        self._deliver("log_metrics", (metrics, step, prefix, step_metric, step_finished))
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         self.core.log_hyperparams(params)
+        self._deliver("log_hyperparams", (params,))
 
     def log_histogram(self, histogram: list[Any], step: int, name: str) -> None:
         """The distribution of ``histogram`` at ``step`` (TensorBoard HISTOGRAMS, W&B, ...)."""
         self.core.log_histogram(rewards_as_floats(histogram), step, name)
+        self._deliver("log_histogram", (histogram, step, name))
 
     def log_plot(self, figure: Any, step: int, name: str) -> None:
         """A matplotlib figure (rendered here; trackers store it per step, MLflow included)."""
         self.core.log_plot(figure, step, name)
+        self._deliver("log_plot", (figure, step, name))
 
     def log_plot_per_worker_timeline_metrics(
         self,
@@ -232,7 +363,7 @@ class Logger(CoreOutputs):
         if not figures:
             _log.info("otel-rl: %s: no per-worker timeline data at step %s; no plot", name, step)
         for suffix, figure in figures:
-            self.core.log_plot(figure, step, f"{prefix}/{suffix}")
+            self.log_plot(figure, step, f"{prefix}/{suffix}")
 
     def log_plot_token_mult_prob_error(self, data: dict[str, Any], step: int, name: str) -> None:
         """Plot the tokens of the sample with the highest multiplicative probability error."""
@@ -242,7 +373,7 @@ class Logger(CoreOutputs):
         if result is None:
             _log.info("otel-rl: %s: no unmasked generated tokens at step %s; no plot", name, step)
             return
-        self.core.log_plot(result[0], step, name)
+        self.log_plot(result[0], step, name)
 
     def log_batched_dict_as_jsonl(self, to_log: Mapping[str, Any], filename: str) -> None:
         """Write one JSON line per sample to ``<log_dir>/<filename>``, in the background.
@@ -305,8 +436,15 @@ class Logger(CoreOutputs):
         # run ends, within the same deadline (export.shutdown_timeout, + 1 s).
         deadline = Deadline(float(self.cfg["export"]["shutdown_timeout"]))
         if not self.finished:
+            monitor = self.gpu_monitor
+            if monitor is not None and monitor is not self.core.gpu_monitor:
+                monitor.stop()  # its last rows come in through log_metrics, before the end
             self.finished = True
-            dumps = start_stopping([("artifact dumps", lambda: self._close_dumps(deadline))])
+            channels = [exporter for _, exporter in self._channels.values()]
+            dumps = start_stopping(
+                [("artifact dumps", lambda: self._close_dumps(deadline))]
+                + [(e.name, _stopper(e, deadline, code)) for e in channels]
+            )
         # Also for a second caller: the core's finish() waits for the one ending the run.
         self.core.finish(exit_code=code)
         if dumps:
@@ -323,7 +461,14 @@ class Logger(CoreOutputs):
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every dump is on disk and every tracker has written what was logged."""
         artifacts_done = self.artifacts.flush(timeout)
-        return self.core.flush(timeout) and artifacts_done
+        deadline = Deadline(
+            float(self.cfg["export"]["shutdown_timeout"]) if timeout is None else timeout
+        )
+        channels_done = [
+            exporter.force_flush(deadline.left() * 1000)
+            for _, exporter in list(self._channels.values())
+        ]
+        return self.core.flush(timeout) and artifacts_done and all(channels_done)
 
     def log_samples_table(
         self, rows: Sequence[Sequence[Any]], step: int, name: str = "validation/samples"
@@ -376,12 +521,73 @@ class Logger(CoreOutputs):
     def _tracker(self, name: str) -> Any:
         return next((e for e in self.core.exporters if getattr(e, "name", "") == name), None)
 
+    def _finish_at_exit(self) -> None:
+        """A run left open ends at interpreter exit with its own loggers' calls delivered (the
+        core Logger's own exit hook knows nothing of their channels)."""
+        from otel_rl.process.lifecycle import exit_code_hint, weak_atexit
+
+        weak_atexit(self, lambda logger: logger.finish(exit_code_hint()))
+
+    def _build_backend(self, key: str, cls: Any, sections: Mapping[str, Any]) -> Any:
+        """``cls(cfg[key], log_dir=<log_dir>/<key>)``, as NeMo RL's Logger builds a backend."""
+        log_dir = os.path.join(self.base_log_dir, key)
+        os.makedirs(log_dir, exist_ok=True)
+        return cls(sections.get(key) or {}, log_dir=log_dir)
+
+    def _deliver(self, method: str, args: tuple[Any, ...]) -> None:
+        """Queue the call for every logger in ``self.loggers`` that is not otel-rl's, each on
+        its own channel; returns without waiting for any of them. The arguments are copied
+        whole, only when a logger waits: NeMo RL's loggers see a call's values as they were
+        when it was made, and a training loop reuses its dicts and tensors for the next step.
+        Each logger gets a copy of its own: on threads of their own, what one changes in place
+        would reach another at no set moment."""
+        if self.finished:
+            return
+        own = self.core.exporters  # in process mode not TrackerExporters: stand-ins for them
+        targets = [
+            b for b in list(self.loggers)
+            if not isinstance(b, TrackerExporter) and all(b is not e for e in own)
+        ]  # fmt: skip
+        if not targets:
+            return
+        from otel_rl.compat.nemo_channels import InterfaceCall, InterfaceExporter
+
+        for backend in targets:
+            record = InterfaceCall(method, tuple(_snapshot(arg) for arg in args))
+            with self._channels_lock:
+                known = self._channels.get(id(backend))
+                if known is None or known[0] is not backend:
+                    if not self._channels:
+                        self._finish_at_exit()
+                    known = (backend, InterfaceExporter(backend))
+                    self._channels[id(backend)] = known
+            known[1].submit(record)
+
 
 # ---- helpers ------------------------------------------------------------------------------------
 
 
-def _core_config(cfg: Any) -> tuple[dict[str, Any], bool]:
-    """otel-rl's config from a NeMo RL one; and NeMo RL's NeMo Gym table switch."""
+def _stopper(exporter: Any, deadline: Deadline, exit_code: int) -> Callable[[], None]:
+    """Drain ``exporter`` within what is left of ``deadline``, then close it."""
+    return lambda: exporter.shutdown(deadline.left() * 1000, exit_code=exit_code)
+
+
+def _snapshot(value: Any) -> Any:
+    """``value`` copied whole (nested dicts, lists, tensors), a figure as it is (NeMo RL closes
+    it after the call); what cannot be deep-copied, one level deep."""
+    if type(value).__name__ == "Figure" or isinstance(value, (int, float, str, type(None))):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        if isinstance(value, Mapping):
+            return dict(value)
+        return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _core_config(cfg: Any) -> tuple[dict[str, Any], bool, dict[str, Any]]:
+    """otel-rl's config from a NeMo RL one; NeMo RL's NeMo Gym table switch; and the backend
+    sections as given (what NeMo RL hands its backend classes)."""
     from otel_rl.config.loading import load_config
 
     if isinstance(cfg, (str, os.PathLike, Path)) or cfg is None:
@@ -393,13 +599,17 @@ def _core_config(cfg: Any) -> tuple[dict[str, Any], bool]:
     # NeMo RL creates exactly the backends a config enables: otel-rl's JSONL tracker (on by
     # default in otel_rl.Logger) only when asked for.
     core.setdefault("jsonl_enabled", False)
+    sections = {
+        key: dict(core[key]) if isinstance(core.get(key), Mapping) else core.get(key)
+        for key, _ in _BACKEND_CLASSES
+    }
     wandb = core.get("wandb")
     full_tables = False
     if isinstance(wandb, dict):
         full_tables = bool(wandb.pop("log_nemo_gym_full_result_tables", False))
     if core.get("mlflow_enabled"):
         _nemo_rl_artifact_location(core)
-    return core, full_tables
+    return core, full_tables, sections
 
 
 def _nemo_rl_artifact_location(core: dict[str, Any]) -> None:

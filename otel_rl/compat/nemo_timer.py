@@ -7,7 +7,9 @@ the ``{label: seconds}`` dict a training loop logs with ``prefix="timing/train"`
 standard deviation, as ``numpy.std`` computes it.
 
 The DEBUG lines of every start/stop/record/mark go to the ``nemo_rl.utils.timer`` logger, the
-name NeMo RL's timer logs under, so logging configured for NeMo RL applies unchanged.
+name NeMo RL's timer logs under, so logging configured for NeMo RL applies unchanged; when that
+logger is not enabled for DEBUG, they go to this module's own logger (``otel_rl.compat.nemo_timer``,
+as NeMo RL's timer logs under its module's name), so either name can switch them on.
 
 With a live Logger whose ``tracing.enabled`` is on (the drop-in ``otel_rl.compat.nemo_rl.Logger``
 or ``otel_rl.Logger``), each ``start``/``stop`` interval — a ``with timer.time(label)`` block
@@ -35,6 +37,9 @@ from otel_rl.telemetry.timing import TimerSpan, ambient_tracer, timer_closed, ti
 #: NeMo RL's logger name for its timer, kept so that existing logging configuration applies.
 LOGGER_NAME = "nemo_rl.utils.timer"
 _log = logging.getLogger(LOGGER_NAME)
+#: This module's own logger (NeMo RL's timer module has its ``logger`` too): the DEBUG lines'
+#: destination when NeMo RL's name is not enabled.
+logger = logging.getLogger(__name__)
 
 #: A marked point in time (Unix seconds) and its metadata.
 Marker = tuple[float, dict[str, Any] | None]
@@ -221,11 +226,15 @@ class Timer:
             span.release()
 
     def _debug(self, label: str, event: str) -> None:
-        if not _log.isEnabledFor(logging.DEBUG):
+        if _log.isEnabledFor(logging.DEBUG):
+            target = _log
+        elif logger.isEnabledFor(logging.DEBUG):
+            target = logger
+        else:
             return  # building the timestamp costs more than the measurement
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         context = " ".join(f"{k}={v}" for k, v in self._context.items())
-        _log.debug("[%s] %s %s ts=%s", context, label, event, stamp)
+        target.debug("[%s] %s %s ts=%s", context, label, event, stamp)
 
 
 class ThreadSafeTimer(Timer):

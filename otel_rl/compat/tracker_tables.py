@@ -1,11 +1,11 @@
 """Send a table (validation samples) to each tracker in the form that tracker shows best.
 
-Trackers with a table type get a :class:`~otel_rl.core.records.Table` through their ``write_table``:
-W&B (``wandb.Table``), Trackio (``trackio.Table``), MLflow (a JSON artifact
-``tables/<name>/step_<N>.json``), TensorBoard (a Markdown table in the TEXT tab), SwanLab (the same
-Markdown table as ``swanlab.Text``: its charts show no table type). Trackers that show neither
-(console, JSONL) are skipped rather than warned about: the samples are printed on the console
-already.
+Trackers with a table type get a :class:`~otel_rl.core.records.Table` through their
+``write_table``: W&B (``wandb.Table``), Trackio (``trackio.Table``), ClearML (``report_table`` at
+the step), MLflow (a JSON artifact ``tables/<name>/step_<N>.json``), TensorBoard (a Markdown table
+in the TEXT tab), SwanLab (the same Markdown table as ``swanlab.Text``: its charts show no table
+type). Trackers that show neither (console, JSONL) are skipped rather than warned about: the
+samples are printed on the console already.
 """
 
 from __future__ import annotations

@@ -5,14 +5,19 @@ Change one import line::
     from verl.utils.tracking import Tracking, ValidationGenerationsLogger
     from otel_rl.compat.verl import Tracking, ValidationGenerationsLogger
 
-Backends ``console, wandb, mlflow, swanlab, tensorboard, trackio, file`` configured from verl's
-environment variables, otel-rl's own options from ``config["otel_rl"]``
+Every backend of verl's ``Tracking.supported_backend`` (``wandb, mlflow, swanlab, vemlp_wandb,
+tensorboard, console, clearml, trackio, file, rl_insight``), configured from verl's environment
+variables, otel-rl's own options from ``config["otel_rl"]``
 (:mod:`otel_rl.compat.verl_config`), every write on the trackers' own threads.
 ``ValidationGenerationsLogger`` writes through the live ``Tracking``, or on its own where none
 lives (verl's async rollouter). Differences on purpose (docs/migrating.md): an unknown backend is
 a :class:`~otel_rl.ConfigError` naming the supported ones, not an ``AssertionError``; the ``file``
 backend appends; ``finish(exit_code)`` (or leaving a ``with`` block with an exception) marks a
-crashed run failed in W&B, MLflow, SwanLab and TensorBoard's HPARAMS.
+crashed run failed in W&B, MLflow, SwanLab, ClearML and TensorBoard's HPARAMS; ``vemlp_wandb`` is
+the W&B tracker with verl's settings for it (the platform's private SDK is not used) and
+``rl_insight`` the Prometheus endpoint that RL-Insight's Prometheus scrapes. ``FileLogger`` and
+``ClearMLLogger`` (:mod:`otel_rl.compat.verl_loggers`) and ``DapoFilteredRewardTableLogger`` are
+verl's classes of the same names.
 """
 
 from __future__ import annotations
@@ -26,12 +31,16 @@ from typing import TYPE_CHECKING, Any
 from otel_rl.compat.common import CoreOutputs, exit_code_now, plain_config
 from otel_rl.compat.live import VERL_TRACKINGS
 from otel_rl.compat.verl_config import (
+    RL_INSIGHT,
     SUPPORTED_BACKENDS,
+    TRACKER_OF,
     backend_names,
     core_config,
     file_logger_path,
+    tracker_names,
     tracking_config,
 )
+from otel_rl.compat.verl_loggers import ClearMLLogger, FileLogger, helper_core
 from otel_rl.compat.verl_timing import marked_timer, simple_timer
 from otel_rl.process.fork_safe_log import log as _log
 
@@ -39,6 +48,9 @@ if TYPE_CHECKING:
     pass
 
 __all__ = [
+    "ClearMLLogger",
+    "DapoFilteredRewardTableLogger",
+    "FileLogger",
     "Tracking",
     "ValidationGenerationsLogger",
     "active_tracking",
@@ -106,12 +118,19 @@ class Tracking(CoreOutputs):
             path = file_logger_path(self.project_name, self.experiment_name)
             extra.append(VerlFileExporter(path))
         self.core = CoreLogger(cfg, exporters=extra)
-        #: backend name → its tracker exporter (verl: backend name → logger object).
+        #: backend name → its tracker exporter (verl: backend name → logger object);
+        #: ``vemlp_wandb`` is the W&B tracker. ``rl_insight`` has none: its values are served
+        #: at :attr:`prometheus_url`.
         self.logger: dict[str, Any] = {e.name: e for e in self.core.exporters}
+        for backend, tracker in TRACKER_OF.items():
+            if backend in self.backends and tracker in self.logger:
+                self.logger[backend] = self.logger[tracker]
         # Trackers switched on in config["otel_rl"] are backends like the ones verl named:
         # log(backend=...) and the validation generations reach them too.
-        added = [n for n in self.logger if n in SUPPORTED_BACKENDS and n not in self.backends]
+        reached = {*self.backends, *tracker_names(self.backends)}
+        added = [n for n in self.logger if n in SUPPORTED_BACKENDS and n not in reached]
         self.backends += added
+        self._warned: set[str] = set()
         if "mlflow" in self.logger:
             # Where the tracker lives: here, or in the delivery process (export.delivery).
             apply_to_tracker(self.logger["mlflow"], use_verl_mlflow_names)
@@ -173,13 +192,24 @@ class Tracking(CoreOutputs):
             pass
 
     def _targets(self, backend: str | Iterable[str] | None) -> set[str] | None:
-        """``None`` for every backend, else the enabled backends named in ``backend``."""
+        """``None`` for every backend, else the trackers of the enabled backends named in
+        ``backend``."""
         if backend is None:
             return None
         wanted = set(backend_names(backend))
         if wanted >= set(self.backends):
             return None
-        return wanted & set(self.backends)
+        chosen = wanted & set(self.backends)
+        if RL_INSIGHT in chosen and RL_INSIGHT not in self._warned:
+            # The Prometheus endpoint serves the values logged to every backend: it has no
+            # per-backend share of a row.
+            self._warned.add(RL_INSIGHT)
+            _log.warning(
+                "otel-rl: log(backend=...) naming 'rl_insight' without every other backend: "
+                "these values reach the trackers named, not the Prometheus endpoint that "
+                "'rl_insight' serves (it takes the rows logged to every backend)"
+            )
+        return set(tracker_names(chosen - {RL_INSIGHT}))
 
     def _log_to(self, targets: set[str], data: Mapping[str, Any], step: int) -> None:
         from otel_rl.core.records import StepBatch
@@ -198,19 +228,21 @@ class ValidationGenerationsLogger:
     """verl's ``ValidationGenerationsLogger``: ``(input, output, score)`` samples per tracker.
 
     ``log(loggers, samples, step)`` sends them to the backends named in ``loggers``, each in its
-    own form under ``val/generations``: W&B a table with one row per validation step (``step,
-    input_1, output_1, score_1, ...``, verl's layout, rows accumulating), MLflow a JSON artifact
-    ``tables/val/generations/step_<N>.json``, TensorBoard verl's text in the TEXT tab
-    (:func:`generations_text`), SwanLab a Markdown table as ``swanlab.Text``, Trackio a table.
+    own form under ``val/generations``: W&B (also ``vemlp_wandb``) a table with one row per
+    validation step (``step, input_1, output_1, score_1, ...``, verl's layout, rows accumulating),
+    MLflow a JSON artifact ``tables/val/generations/step_<N>.json``, TensorBoard verl's text in
+    the TEXT tab (:func:`generations_text`), SwanLab a Markdown table as ``swanlab.Text``, Trackio a
+    table, ClearML a table (``report_table``, title ``val``, series ``generations``) with verl's
+    columns ``step, input, output, score``.
 
     They go through ``tracking``, else the live :class:`Tracking` (its enabled backends only).
     Where no Tracking lives (verl's async rollouter creates this logger on its own), it writes
     them itself, as verl does: TensorBoard to ``TENSORBOARD_DIR`` (default
     ``tensorboard_log/<project>/<experiment>``, or ``tensorboard_log`` without both names) and
     MLflow to ``MLFLOW_RUN_ID``'s run or a new run, each through a tracker of its own (its own
-    thread, finished by :meth:`finish` or at exit); W&B and SwanLab to the run this process
-    already has (a warning when there is none). ``console`` and ``file`` take no generations,
-    as in verl.
+    thread, finished by :meth:`finish` or at exit); W&B, SwanLab and ClearML to the run (task) this
+    process already has (a warning when there is none). ``console``, ``file`` and ``rl_insight``
+    take no generations, as in verl.
     """
 
     project_name: str | None = None
@@ -229,8 +261,8 @@ class ValidationGenerationsLogger:
     ) -> None:
         from otel_rl.compat.tracker_tables import cell, submit_table
 
-        # As in verl, its console and file backends never take generations.
-        names = set(backend_names(loggers)) - {"console", "file"}
+        # As in verl, its console, file and rl_insight backends never take generations.
+        names = set(backend_names(loggers)) - {"console", "file", RL_INSIGHT}
         given = [tuple(sample) for sample in samples]
         rows = [tuple(cell(v) for v in _triple(sample)) for sample in given]
         tracking = self.tracking or active_tracking()
@@ -241,14 +273,19 @@ class ValidationGenerationsLogger:
         if "tensorboard" in names:
             _to_tensorboard(tracking.core.fanout, given, int(step))
         names.discard("tensorboard")
-        per_tracker = {"wandb": self._wide_table(rows, int(step))} if "wandb" in names else {}
+        trackers = set(tracker_names(sorted(names)))  # vemlp_wandb and wandb: one W&B run
+        per_tracker: dict[str, tuple[Sequence[str], Sequence[Sequence[Any]]]] = {}
+        if "wandb" in trackers:
+            per_tracker["wandb"] = self._wide_table(rows, int(step))
+        if "clearml" in trackers:
+            per_tracker["clearml"] = clearml_generations(rows, int(step))
         submit_table(
             tracking.core.fanout,
             GENERATIONS_KEY,
             int(step),
             GENERATIONS_COLUMNS,
             rows,
-            only=names,
+            only=trackers,
             per_tracker=per_tracker,
         )
 
@@ -263,6 +300,15 @@ class ValidationGenerationsLogger:
 
     def log_generations_to_tensorboard(self, samples: Sequence[Sequence[Any]], step: int) -> None:
         self.log(["tensorboard"], samples, step)
+
+    def log_generations_to_clearml(self, samples: Sequence[Sequence[Any]], step: int) -> None:
+        self.log(["clearml"], samples, step)
+
+    def log_generations_to_vemlp_wandb(self, samples: Sequence[Sequence[Any]], step: int) -> None:
+        self.log(["vemlp_wandb"], samples, step)
+
+    def log_generations_to_trackio(self, samples: Sequence[Sequence[Any]], step: int) -> None:
+        self.log(["trackio"], samples, step)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Standalone: wait until this logger's own trackers have written what was logged."""
@@ -303,29 +349,44 @@ class ValidationGenerationsLogger:
             elif name in OWN_TRACKER_BACKENDS:
                 core = self._own.get(name) or self._own_tracker(name)
                 submit_table(core.fanout, GENERATIONS_KEY, step, GENERATIONS_COLUMNS, rows)
-            elif name == "wandb":
+            elif name in ("wandb", "vemlp_wandb"):
                 self._to_process_wandb_run(rows, step)
             elif name == "swanlab":
                 self._to_process_swanlab_run(rows, step)
+            elif name == "clearml":
+                self._to_process_clearml_task(rows, step)
             elif name == "trackio":
                 self._warn_once(
                     "trackio",
                     "otel-rl: validation generations not logged to trackio: no live Tracking in "
-                    "this process (verl does not log generations to trackio either)",
+                    "this process (create a Tracking with the trackio backend)",
                 )
 
     def _own_tracker(self, name: str) -> Any:
-        from otel_rl.logger import Logger as CoreLogger
-
         cfg = core_config(self.project_name or "", self.experiment_name or "", [name])
         if name == "tensorboard" and not (self.project_name and self.experiment_name):
             cfg["tensorboard"]["log_dir"] = os.environ.get("TENSORBOARD_DIR") or "tensorboard_log"
-        # A helper beside the application's own telemetry: it takes no global meters and
-        # leaves signal handling alone (interpreter exit still finishes it).
-        cfg["capture_global_meters"] = False
-        cfg["export"] = {"handle_signals": False}
-        core = self._own[name] = CoreLogger(cfg)
+        core = self._own[name] = helper_core(cfg)
         return core
+
+    def _to_process_clearml_task(self, rows: list[tuple[Any, ...]], step: int) -> None:
+        from otel_rl.exporters.clearml import title_series
+
+        clearml = sys.modules.get("clearml")  # no import: without it there is no task
+        task = clearml.Task.current_task() if clearml is not None else None
+        if task is None:
+            self._warn_once(
+                "clearml",
+                "otel-rl: validation generations at step %s not logged to clearml: no live "
+                "Tracking and no ClearML task in this process (call Task.init() or create a "
+                "Tracking)",
+                step,
+            )
+            return
+        columns, body = clearml_generations(rows, step)
+        title, series = title_series(GENERATIONS_KEY)
+        table = [list(columns), *[list(row) for row in body]]
+        task.get_logger().report_table(title, series, iteration=step, table_plot=table)
 
     def _to_process_wandb_run(self, rows: list[tuple[Any, ...]], step: int) -> None:
         wandb = sys.modules.get("wandb")  # no import: without it there is no run to log to
@@ -377,6 +438,61 @@ class ValidationGenerationsLogger:
         flat += [""] * (width - len(flat))  # a step with fewer samples keeps the table's shape
         self._wide_rows.append([step, *flat])
         return self._wide_columns, [list(r) for r in self._wide_rows]
+
+
+#: The W&B table of DAPO-filtered reward counts (verl's key).
+FILTERED_REWARDS_KEY = "training/filter_groups/filtered_reward_counts"
+
+
+@dataclasses.dataclass
+class DapoFilteredRewardTableLogger:
+    """verl's W&B table of the groups DAPO filtered out (no signal), counted per reward value.
+
+    ``log(loggers, reward_counts, step)`` adds one row ``step, reward_counts`` (``"0:3, 1:2"``,
+    rewards in order) and logs the table with every row so far under
+    ``training/filter_groups/filtered_reward_counts``, when ``loggers`` names ``wandb``; other
+    trackers are skipped, as in verl. It goes through ``tracking``, else the live
+    :class:`Tracking`; with neither, or no W&B tracker there, one warning says it was not logged.
+    """
+
+    project_name: str | None = None
+    experiment_name: str | None = None
+    tracking: Tracking | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._rows: list[tuple[int, str]] = []
+        self._warned = False
+
+    def log(
+        self, loggers: str | Iterable[str], reward_counts: Mapping[Any, Any], step: int
+    ) -> None:
+        from otel_rl.compat.tracker_tables import submit_table
+
+        if "wandb" not in backend_names(loggers):
+            return
+        tracking = self.tracking or active_tracking()
+        if tracking is None or "wandb" not in tracking.logger:
+            if not self._warned:
+                self._warned = True
+                _log.warning(
+                    "otel-rl: DAPO filtered-reward table at step %s not logged: no live Tracking "
+                    "with the wandb backend in this process",
+                    step,
+                )
+            return
+        row = {float(value): int(count) for value, count in reward_counts.items()}
+        text = ", ".join(f"{value:g}:{row[value]}" for value in sorted(row))
+        self._rows.append((int(step), text))
+        columns = ("step", "reward_counts")
+        submit_table(tracking.core.fanout, FILTERED_REWARDS_KEY, int(step), columns,
+                     list(self._rows), only=("wandb",))  # fmt: skip
+
+
+def clearml_generations(
+    rows: Sequence[tuple[Any, ...]], step: int
+) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """verl's ClearML table of the generations: columns ``step, input, output, score``."""
+    return ("step", *GENERATIONS_COLUMNS), [(step, *row) for row in rows]
 
 
 def _triple(sample: Sequence[Any]) -> tuple[Any, Any, Any]:

@@ -1,7 +1,10 @@
 """verl's backend names and environment variables → an otel-rl logger config.
 
-Backends: ``console, wandb, mlflow, swanlab, tensorboard, trackio, file`` (``tracking`` is verl's
-deprecated alias of ``wandb``). Environment variables, read as verl reads them:
+Backends: verl's ``wandb, mlflow, swanlab, vemlp_wandb, tensorboard, console, clearml, trackio,
+file, rl_insight`` (``tracking`` is verl's deprecated alias of ``wandb``). ``vemlp_wandb`` is
+otel-rl's W&B tracker with verl's settings for it (:data:`TRACKER_OF`); ``rl_insight`` serves the
+run's metrics on otel-rl's Prometheus endpoint, which RL-Insight's Prometheus scrapes
+(``prometheus.enabled``). Environment variables, read as verl reads them:
 
 ==========================  =====================================================================
 ``TENSORBOARD_DIR``         default ``tensorboard_log/<project>/<experiment>``
@@ -11,6 +14,9 @@ deprecated alias of ``wandb``). Environment variables, read as verl reads them:
 ``SWANLAB_LOG_DIR``         SwanLab's directory; default ``swanlog``
 ``SWANLAB_API_KEY``         read by SwanLab itself
 ``WANDB_ENTITY``            W&B entity; every other ``WANDB_*`` variable is read by W&B itself
+                            (``vemlp_wandb`` too: ``WANDB_BASE_URL``/``WANDB_API_KEY`` of the
+                            platform's W&B server)
+``CLEARML_*``               read by ClearML itself (``CLEARML_OFFLINE_MODE=1``: offline session)
 ``VERL_FILE_LOGGER_PATH``   the ``file`` backend's JSONL file
 ``VERL_FILE_LOGGER_ROOT``   else ``<root>/<project>/<experiment>.jsonl`` (root default ``.``)
 ``OTEL_RL_LOG_DIR``         otel-rl's own directory (spool, default MLflow store); default
@@ -34,21 +40,20 @@ from otel_rl.config.env import CONFIG_ENV
 from otel_rl.core.errors import ConfigError
 from otel_rl.process.fork_safe_log import log as _log
 
-#: verl's backends that otel-rl serves.
-SUPPORTED_BACKENDS = ("wandb", "mlflow", "swanlab", "tensorboard", "console", "trackio", "file")
-#: verl's backends that otel-rl does not serve, with the reason.
-UNSUPPORTED_BACKENDS = {
-    "vemlp_wandb": "Volcengine ML Platform's W&B needs the private volcengine_ml_platform SDK and "
-    "cloud credentials; otel-rl has no exporter for it (use 'wandb', or 'tensorboard' which that "
-    "platform syncs)",
-    "clearml": "otel-rl has no ClearML exporter; a third-party one can be registered under the "
-    "'otel_rl.exporters' entry-point group and enabled with Logger's 'trackers' config",
-}
+#: verl's backends (``Tracking.supported_backend``, in verl's order), all served by otel-rl.
+SUPPORTED_BACKENDS = (
+    "wandb", "mlflow", "swanlab", "vemlp_wandb", "tensorboard", "console", "clearml", "trackio",
+    "file", "rl_insight",
+)  # fmt: skip
+#: A verl backend → the core Logger's tracker that serves it, where the names differ.
+TRACKER_OF = {"vemlp_wandb": "wandb"}
+#: verl's backend that is otel-rl's Prometheus endpoint rather than a tracker.
+RL_INSIGHT = "rl_insight"
 _ALIASES = {"tracking": "wandb"}
 #: Where otel-rl's own options live in verl's config.
 SECTION = "otel_rl"
 #: The core Logger's trackers that are verl backends too (each switched by ``<name>_enabled``).
-_TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab", "trackio")
+_TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab", "trackio", "clearml")
 _MISSING = object()
 
 
@@ -67,11 +72,6 @@ def backend_names(default_backend: str | Iterable[str] | None) -> list[str]:
                 stacklevel=3,
             )
             name = _ALIASES[name]
-        if name in UNSUPPORTED_BACKENDS:
-            raise ConfigError(
-                f"verl backend '{name}' is not supported by otel-rl: "
-                f"{UNSUPPORTED_BACKENDS[name]}. Supported: {', '.join(SUPPORTED_BACKENDS)}"
-            )
         if name not in SUPPORTED_BACKENDS:
             near = difflib.get_close_matches(name, SUPPORTED_BACKENDS, n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
@@ -79,6 +79,16 @@ def backend_names(default_backend: str | Iterable[str] | None) -> list[str]:
                 f"unknown verl backend {name!r}{hint} (supported: "
                 f"{', '.join(SUPPORTED_BACKENDS)})"
             )
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def tracker_names(backends: Iterable[str]) -> list[str]:
+    """The core Logger's trackers that serve ``backends`` (``vemlp_wandb`` is ``wandb``)."""
+    names: list[str] = []
+    for backend in backends:
+        name = TRACKER_OF.get(backend, backend)
         if name not in names:
             names.append(name)
     return names
@@ -167,7 +177,8 @@ def _layered(
     user: dict[str, Any],
     origin: Callable[[tuple[str, ...]], str],
 ) -> dict[str, Any]:
-    on = [name for name in _TRACKERS if name in backends or user.get(f"{name}_enabled") is True]
+    wanted = tracker_names(backends)
+    on = [name for name in _TRACKERS if name in wanted or user.get(f"{name}_enabled") is True]
     cfg = _merged(_verl_defaults(project, experiment, on), user)
     for path, value, source in _verl_settings(project, experiment, backends, on, config, env):
         given = _lookup(user, path)
@@ -193,6 +204,9 @@ def _verl_defaults(project: str, experiment: str, trackers: list[str]) -> dict[s
         cfg["tensorboard"] = {"log_dir": os.path.join("tensorboard_log", project, experiment)}
     if "swanlab" in trackers:
         cfg["swanlab"] = {"log_dir": "swanlog", "config": {"FRAMEWORK": "verl"}}
+    if "clearml" in trackers:
+        # verl's ClearMLLogger: a rerun continues the task of the same name, no model uploads.
+        cfg["clearml"] = {"continue_last_task": True, "output_uri": False}
     return cfg
 
 
@@ -216,9 +230,12 @@ def _verl_settings(
             put(path, env[name], name)
 
     from_env("log_dir", "OTEL_RL_LOG_DIR")
+    wanted = tracker_names(backends)
     for name in _TRACKERS:
-        if name in backends:
+        if name in wanted:
             put(f"{name}_enabled", True, "Tracking's default_backend")
+    if RL_INSIGHT in backends:
+        put("prometheus.enabled", True, "Tracking's default_backend 'rl_insight'")
     if "tensorboard" in trackers:
         from_env("tensorboard.log_dir", "TENSORBOARD_DIR")
     if "wandb" in trackers:
@@ -245,6 +262,11 @@ def _verl_settings(
     if "trackio" in trackers:
         put("trackio.project", project, "Tracking's project_name")
         put("trackio.name", experiment, "Tracking's experiment_name")
+    if "clearml" in trackers:
+        # verl: Task.init(project_name=project_name, task_name=experiment_name); every other
+        # CLEARML_* variable (CLEARML_OFFLINE_MODE, the server and keys) is read by ClearML.
+        put("clearml.project_name", project, "Tracking's project_name")
+        put("clearml.task_name", experiment, "Tracking's experiment_name")
     return out
 
 

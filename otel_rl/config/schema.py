@@ -370,6 +370,13 @@ class LoggerSettings(Section):
         factory=dict,
         shown_type="mapping",
     )
+    clearml_enabled: bool = _field(False, "ClearML")
+    clearml: Passthrough = _field(
+        meaning="given to `clearml.Task.init` (`project_name`, `task_name`, `tags`, ...), plus "
+        "`offline` ([backends/clearml.md](backends/clearml.md)); checked against its parameters",
+        factory=dict,
+        shown_type="mapping",
+    )
     trackers: dict[str, Passthrough] = _field(
         meaning="more trackers by registry name with their options, e.g. a third-party one: "
         "`{mytracker: {option: 1}}` ([backends](backends/README.md#adding-a-tracker))",

@@ -1,17 +1,18 @@
 """Each enabled tracker's own settings checked against what that tracker accepts.
 
 The ``wandb:``, ``swanlab:`` and ``trackio:`` sections go to the SDK's ``init`` as keyword
-arguments, and the ``mlflow:`` section is read by otel-rl's MLflow exporter. A typo there
-(``wandb: {projcet: x}``) would otherwise pass construction and fail later on the tracker's own
-thread, or, for SwanLab, whose ``init`` swallows unknown keywords, be ignored. This check runs in
-:func:`otel_rl.config.loading.resolve_config`, so ``Logger()`` raises at once with the nearest
-valid name.
+arguments (``clearml:`` to ``clearml.Task.init``), and the ``mlflow:`` section is read by otel-rl's
+MLflow exporter. A typo there (``wandb: {projcet: x}``) would otherwise pass construction and fail
+later on the tracker's own thread, or, for SwanLab, whose ``init`` swallows unknown keywords, be
+ignored. This check runs in :func:`otel_rl.config.loading.resolve_config`, so ``Logger()`` raises
+at once with the nearest valid name.
 
 What an SDK's ``init`` accepts is read from the installed SDK without importing it (importing
-W&B, SwanLab or Trackio takes seconds; their exporters import them later on their own thread):
-its signature when the SDK is already imported, else the ``def init`` in its source, parsed with
-:mod:`ast`; when neither is found (SDK not installed, or its files moved), a declared list of
-the parameters of the versions otel-rl supports.
+W&B, SwanLab, Trackio or ClearML takes seconds; their exporters import them later on their own
+thread): its signature when the SDK is already imported, else the ``def init`` in its source
+(``Task``'s method for ClearML), parsed with :mod:`ast`; when neither is found (SDK not
+installed, or its files moved), a declared list of the parameters of the versions otel-rl
+supports.
 """
 
 from __future__ import annotations
@@ -42,10 +43,15 @@ class TrackerSettings:
     declared: frozenset[str] = frozenset()
     #: Names accepted on top of ``init``'s parameters (aliases the SDK or the exporter maps).
     also: frozenset[str] = field(default_factory=frozenset)
+    #: The class whose ``init`` method takes the section (``None``: a module-level ``init``).
+    init_class: str | None = None
 
     @property
     def described(self) -> str:
-        return f"{self.package}.init" if self.package else "the otel-rl exporter"
+        if not self.package:
+            return "the otel-rl exporter"
+        owner = f"{self.package}.{self.init_class}" if self.init_class else self.package
+        return f"{owner}.init"
 
 
 TRACKERS: dict[str, TrackerSettings] = {
@@ -81,6 +87,19 @@ TRACKERS: dict[str, TrackerSettings] = {
             "gpu_log_interval", "auto_log_cpu", "cpu_log_interval", "webhook_url",
             "webhook_min_level",
         }),
+    ),
+    "clearml": TrackerSettings(
+        package="clearml",
+        init_files=("task.py",),
+        init_class="Task",
+        declared=frozenset({
+            "project_name", "task_name", "task_type", "tags", "reuse_last_task_id",
+            "continue_last_task", "output_uri", "auto_connect_arg_parser",
+            "auto_connect_frameworks", "auto_resource_monitoring", "auto_connect_streams",
+            "deferred_init",
+        }),
+        # The exporter's own switch for ClearML's offline mode (Task.set_offline).
+        also=frozenset({"offline"}),
     ),
     "mlflow": TrackerSettings(package=None),
 }
@@ -141,7 +160,8 @@ def _exporter_keys(name: str) -> frozenset[str]:
 @cache
 def _init_parameters(spec: TrackerSettings) -> frozenset[str]:
     module = sys.modules.get(spec.package or "")
-    init = getattr(module, "init", None)
+    owner = getattr(module, spec.init_class, None) if spec.init_class else module
+    init = getattr(owner, "init", None)
     if init is not None:
         try:
             return _named_parameters(inspect.signature(init))
@@ -170,9 +190,22 @@ def _parameters_in_source(spec: TrackerSettings) -> frozenset[str] | None:
                 tree = ast.parse(path.read_text(encoding="utf-8"))
             except (OSError, SyntaxError, UnicodeDecodeError):
                 continue
-            for node in tree.body:
-                if isinstance(node, ast.FunctionDef) and node.name == "init":
-                    args = node.args
-                    names = [a.arg for a in (*args.args, *args.kwonlyargs)]  # keywords only
-                    return frozenset(names) - {"self"}
+            init = _init_in(tree.body, spec.init_class)
+            if init is not None:
+                args = init.args
+                names = [a.arg for a in (*args.args, *args.kwonlyargs)]  # keywords only
+                return frozenset(names) - {"self", "cls"}
+    return None
+
+
+def _init_in(body: list[ast.stmt], init_class: str | None) -> ast.FunctionDef | None:
+    """The ``def init`` at module level, or in the module's class ``init_class``."""
+    if init_class is not None:
+        for node in body:
+            if isinstance(node, ast.ClassDef) and node.name == init_class:
+                return _init_in(node.body, None)
+        return None
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and node.name == "init":
+            return node
     return None

@@ -30,7 +30,8 @@ _TRANSIENT_NAMES = ("ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout
                     "ClientConnectorError", "ServerDisconnectedError", "CommError",
                     "ProtocolError", "RemoteDisconnected", "ChunkedEncodingError")
 _AUTH_NAMES = ("AuthenticationError", "AuthorizationError", "UnauthorizedError",
-               "UsageError", "ForbiddenError", "PermissionDenied")
+               "UsageError", "ForbiddenError", "PermissionDenied",
+               "MissingConfigError")  # ClearML without a server or credentials configured
 _MLFLOW_TRANSIENT_CODES = ("INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
 
 
@@ -86,7 +87,7 @@ class Failure:
 
 
 #: The trackers whose SDK an extra of otel-rl installs (pyproject.toml's optional dependencies).
-OWN_EXTRAS = frozenset({"mlflow", "swanlab", "tensorboard", "trackio", "wandb"})
+OWN_EXTRAS = frozenset({"clearml", "mlflow", "swanlab", "tensorboard", "trackio", "wandb"})
 
 
 def install_hint(tracker: str, module: str | None) -> str:

@@ -27,6 +27,7 @@ BACKEND_FLAGS = {
     "mlflow": "mlflow_enabled",
     "swanlab": "swanlab_enabled",
     "trackio": "trackio_enabled",
+    "clearml": "clearml_enabled",
 }
 
 _BUILTIN = {
@@ -37,6 +38,7 @@ _BUILTIN = {
     "wandb": "otel_rl.exporters.wandb:WandbExporter",
     "swanlab": "otel_rl.exporters.swanlab:SwanLabExporter",
     "trackio": "otel_rl.exporters.trackio:TrackioExporter",
+    "clearml": "otel_rl.exporters.clearml:ClearMLExporter",
 }
 
 

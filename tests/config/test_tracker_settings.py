@@ -54,6 +54,11 @@ def _installed(name: str) -> bool:
             "unknown trackio setting 'proejct'; did you mean 'project'? (logger config "
             "'trackio.proejct'; the settings are those of trackio.init)",
         ),
+        (
+            {"clearml_enabled": True, "clearml": {"project": "grpo"}},
+            "unknown clearml setting 'project'; did you mean 'project_name'? (logger config "
+            "'clearml.project'; the settings are those of clearml.Task.init)",
+        ),
     ],
 )
 def test_a_typo_in_a_tracker_setting_fails_at_logger(tmp_path, cfg, message):
@@ -125,17 +130,18 @@ def test_built_in_tracker_options_under_trackers_are_refused():
     assert resolve_config({"trackers": {"wandb": {}}})["trackers"] == {"wandb": {}}
 
 
-@pytest.mark.parametrize("name", ["wandb", "swanlab", "trackio"])
+@pytest.mark.parametrize("name", ["wandb", "swanlab", "trackio", "clearml"])
 def test_source_reading_gives_the_sdk_signature(name):
     """What is read from the installed SDK's source without importing it equals what
-    ``inspect.signature`` gives after importing it."""
+    ``inspect.signature`` gives after importing it (ClearML: ``Task.init``)."""
     if not _installed(name):
         pytest.skip(f"{name} not installed")
     spec = TRACKERS[name]
     from_source = _parameters_in_source(spec)
     module = __import__(name)
-    assert from_source == _named_parameters(inspect.signature(module.init))
-    assert "project" in from_source
+    owner = getattr(module, spec.init_class) if spec.init_class else module
+    assert from_source == _named_parameters(inspect.signature(owner.init))
+    assert "project" in from_source or "project_name" in from_source
 
 
 def test_an_sdk_that_cannot_be_read_falls_back_to_the_declared_list():
@@ -148,7 +154,7 @@ def test_an_sdk_that_cannot_be_read_falls_back_to_the_declared_list():
 def test_declared_lists_cover_the_installed_sdks():
     """The fallback lists name every parameter of the SDK versions installed here (so a
     machine without the SDK's source refuses nothing that SDK accepts)."""
-    for name in ("wandb", "swanlab", "trackio"):
+    for name in ("wandb", "swanlab", "trackio", "clearml"):
         if not _installed(name):
             continue
         spec = TRACKERS[name]
@@ -165,8 +171,9 @@ def test_checking_does_not_import_the_sdks():
         "from otel_rl.config.loading import resolve_config\n"
         "resolve_config({'wandb_enabled': True, 'wandb': {'project': 'p'},"
         " 'swanlab_enabled': True, 'swanlab': {'project': 'p'},"
-        " 'trackio_enabled': True, 'trackio': {'project': 'p'}})\n"
-        "print(sorted(m for m in ('wandb', 'swanlab', 'trackio') if m in sys.modules))\n"
+        " 'trackio_enabled': True, 'trackio': {'project': 'p'},"
+        " 'clearml_enabled': True, 'clearml': {'project_name': 'p', 'offline': True}})\n"
+        "print(sorted(m for m in ('wandb', 'swanlab', 'trackio', 'clearml') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)

@@ -7,7 +7,9 @@ import pytest
 from otel_rl.core.failures import RowRejected, classify
 
 
-@pytest.mark.parametrize("tracker", ["wandb", "mlflow", "swanlab", "tensorboard", "trackio"])
+@pytest.mark.parametrize(
+    "tracker", ["wandb", "mlflow", "swanlab", "tensorboard", "trackio", "clearml"]
+)
 def test_a_missing_sdk_of_our_own_trackers_names_otel_rls_extra(tracker):
     failure = classify(ModuleNotFoundError(f"No module named '{tracker}'", name=tracker), "open",
                        tracker)  # fmt: skip

@@ -227,3 +227,51 @@ def test_huge_finite_values_give_their_finite_std():
     assert stats["std"] == pytest.approx(2.8442255724327534e154 * math.sqrt(2) / 3, rel=1e-12)
     assert stats["count"] == 3.0 and stats["max"] == 2.8442255724327534e154
     assert summarize([1e308, -1e308])["std"] == pytest.approx(1e308, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size=st.integers(min_value=4096, max_value=20_000),
+    nans=st.integers(min_value=0, max_value=50),
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    kind=st.sampled_from(["float64", "float32", "int64", "bool", "torch-bfloat16", "torch-2d"]),
+)
+def test_a_large_array_is_summarised_as_its_list_is(size, nans, seed, kind):
+    """Arrays from NUMPY_SUMMARY_FROM elements on are summarised by numpy, in C: the same
+    count, min, max, p50, p90 and nan_count as the exact path of the same values as a list, and
+    mean and std to within float rounding. An infinity takes the exact path."""
+    import torch
+
+    from otel_rl.core.values import NUMPY_SUMMARY_FROM, flatten_into
+
+    assert size >= NUMPY_SUMMARY_FROM
+    rng = np.random.default_rng(seed)
+    base = rng.normal(3.0, 100.0, size)
+    if kind in ("float64", "float32"):
+        base[rng.choice(size, nans, replace=False)] = np.nan
+        value = base.astype(kind)
+    elif kind == "int64":
+        value = (base * 1000).astype(np.int64)
+    elif kind == "bool":
+        value = base > 0
+    elif kind == "torch-bfloat16":
+        value = torch.tensor(base).bfloat16()
+    else:
+        value = torch.tensor(base).reshape(2, -1)
+    fast: dict = {}
+    flatten_into(fast, {"v": value}, "", lambda key, reason: pytest.fail(reason))
+    as_list = value.reshape(-1).tolist() if hasattr(value, "reshape") else value.tolist()
+    exact: dict = {}
+    flatten_into(exact, {"v": as_list}, "", lambda key, reason: pytest.fail(reason))
+    assert fast.keys() == exact.keys()
+    for key in fast:
+        if key.endswith(("/mean", "/std")):
+            assert fast[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-9), key
+        else:
+            assert same(fast[key], exact[key]), (key, fast[key], exact[key])
+    with_inf = np.arange(float(size))
+    with_inf[7] = INF
+    fast, exact = {}, {}
+    flatten_into(fast, {"v": with_inf}, "", lambda key, reason: None)
+    flatten_into(exact, {"v": with_inf.tolist()}, "", lambda key, reason: None)
+    assert all(same(fast[k], exact[k]) for k in exact) and fast.keys() == exact.keys()
