@@ -45,7 +45,17 @@ from otel_rl.exporters.sdk_run import SdkRunExporter
 PARAMETER_SECTION = "General"
 #: ``Task.init`` hooks that are off unless the ``clearml`` section turns them on.
 QUIET_HOOKS = {
-    "auto_connect_frameworks": False,
+    # As a dict, not False: False leaves the repository analysis on, which reads the script's
+    # git tree and packages in the background (~150 s for a console-script entry point) and
+    # holds the task's close past the run's deadline.
+    "auto_connect_frameworks": {
+        name: False
+        for name in (
+            "catboost", "fastai", "gradio", "hydra", "joblib", "lightgbm", "matplotlib",
+            "megengine", "pytorch", "scikit", "tensorboard", "tensorflow", "tfdefines", "xgboost",
+            "detect_repository",
+        )
+    },
     "auto_connect_streams": False,
     "auto_connect_arg_parser": False,
     "auto_resource_monitoring": False,

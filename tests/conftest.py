@@ -20,6 +20,19 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(autouse=True)
+def _clearml_leaves_no_process_state():
+    """ClearML marks the process in its environment (``CLEARML_OFFLINE_MODE``, and
+    ``CLEARML_PROC_MASTER_ID``: a child started later then takes itself for a subprocess of
+    that task and gets a stand-in task). Each test starts from the environment it was given."""
+    before = {k: v for k, v in os.environ.items() if k.startswith(("CLEARML_", "TRAINS_"))}
+    yield
+    for key in [k for k in os.environ if k.startswith(("CLEARML_", "TRAINS_"))]:
+        if key not in before:
+            del os.environ[key]
+    os.environ.update(before)
+
+
 @pytest.fixture
 def log_dir(tmp_path):
     return tmp_path / "logs"

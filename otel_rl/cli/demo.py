@@ -6,7 +6,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,10 @@ def demo_config(
         mlflow={"experiment_name": "otel-rl-demo"},
         swanlab={"project": "otel-rl-demo", "mode": "offline"},
         trackio={"project": "otel-rl-demo"},
-        clearml={"project_name": "otel-rl-demo", "offline": True},
+        clearml={
+            "project_name": "otel-rl-demo",
+            "offline": True,
+        },
     )
     if prometheus_port is not None:
         cfg["prometheus"] = {"enabled": True, "port": prometheus_port}
@@ -139,12 +142,25 @@ def run_demo(
     directory once the run's Logger exists, so that a caller stopped by a signal can say where
     the steps logged so far are.
 
+    No backend (``--backends ''``) is refused unless Prometheus or OTLP is given: a demo whose
+    values go nowhere would end with nothing to show, which is never what was asked. With
+    Prometheus or OTLP it is a run for a dashboard alone, and the summary says so.
+
+    The summary's ``trackers`` are ``(label, text)`` lines: where each SDK tracker (W&B,
+    MLflow, SwanLab, Trackio, ClearML) keeps the run and the command that opens or uploads it,
+    read from the tracker's own run while it is open (:func:`summary_lines` prints them).
+
     SIGINT and SIGTERM stop the loop at a safe point (``KeyboardInterrupt``,
     ``SystemExit(143)``); the trackers are closed with 130/143 before the exception leaves.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     check_backends(backends)  # before a run directory is claimed for nothing
+    if not backends and prometheus_port is None and otlp_endpoint is None:
+        raise ValueError(
+            "no backend given (--backends ''), nor --prometheus-port or --otlp-endpoint: the "
+            "run would go nowhere; name a tracker (e.g. --backends jsonl) or one of those"
+        )
     from otel_rl.compat.nemo_utils import get_next_experiment_dir
     from otel_rl.logger import Logger
 
@@ -166,6 +182,10 @@ def run_demo(
         simulate_training(logger, steps, seed=seed, step_seconds=step_seconds, stall=stall)
         if hold > 0:
             time.sleep(hold)
+        # Every tracker has opened its run once what was logged is delivered: where each one
+        # keeps it is read from its SDK's run now, while that run is open.
+        logger.flush(timeout=30)
+        trackers = tracker_outputs(logger.exporters)
         summary = {
             "base_dir": str(Path(log_dir)),
             "log_dir": str(run_dir),
@@ -174,5 +194,117 @@ def run_demo(
             "prometheus": logger.prometheus_url,
             "otlp": logger.otlp_endpoint,
             "steps": steps,
+            "backends": list(backends),
+            "trackers": trackers,
         }
     return summary
+
+
+def tracker_outputs(exporters: Sequence[Any]) -> list[tuple[str, str]]:
+    """``(label, text)`` lines saying where each SDK tracker keeps the run and how to open it;
+    a tracker whose run never opened says so (its warning was logged)."""
+    lines: list[tuple[str, str]] = []
+    for exporter in exporters:
+        describe = _DESCRIBE.get(exporter.name)
+        if describe is None:
+            continue
+        if exporter.name != "mlflow" and getattr(exporter, "run", None) is None:
+            lines.append((exporter.name, "no run opened (see the warnings above)"))
+            continue
+        lines.extend(describe(exporter))
+    return lines
+
+
+def _wandb(exporter: Any) -> list[tuple[str, str]]:
+    run = exporter.run
+    folder = Path(run.dir).parent  # run.dir is the run's files/ folder
+    if run.settings.mode == "offline":
+        return [("W&B (offline)", str(folder)), ("  upload it:", f"wandb sync {folder}")]
+    return [("W&B", str(run.url or folder))]
+
+
+def _mlflow(exporter: Any) -> list[tuple[str, str]]:
+    uri, run_id = exporter.shown_tracking_uri, exporter.run_id
+    if run_id is None:
+        return [("MLflow", f"no run opened in {uri} (see the warnings above)")]
+    lines = [("MLflow", f"run {run_id} in {uri}")]
+    if uri.startswith(("http://", "https://")):
+        from mlflow import MlflowClient
+
+        try:
+            experiment = MlflowClient(exporter.tracking_uri).get_run(run_id).info.experiment_id
+        except Exception as exc:  # the server went away since: the run id is still worth saying
+            lines.append(("  open it:", f"the server did not answer ({type(exc).__name__})"))
+        else:
+            page = f"{uri.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
+            lines.append(("  open it:", page))
+    else:
+        view = f"mlflow ui --backend-store-uri {uri}  (then http://127.0.0.1:5000)"
+        lines.append(("  view it:", view))
+    return lines
+
+
+def _swanlab(exporter: Any) -> list[tuple[str, str]]:
+    run = exporter.run
+    if run.mode in ("offline", "local"):
+        return [
+            (f"SwanLab ({run.mode})", str(run.dir)),
+            ("  upload it:", f"swanlab sync {run.dir}"),
+        ]
+    return [("SwanLab", str(run.url or run.dir))]
+
+
+def _trackio(exporter: Any) -> list[tuple[str, str]]:
+    from trackio import utils
+
+    store = Path(utils.TRACKIO_DIR) / f"{exporter.project}.db"
+    return [
+        ("Trackio", f"run {exporter.run.name} in {store}"),
+        ("  view it:", f"trackio show --project {exporter.project}"),
+    ]
+
+
+def _clearml(exporter: Any) -> list[tuple[str, str]]:
+    task = exporter.task
+    if not task.is_offline():
+        return [("ClearML", str(task.get_output_log_web_page()))]
+    # ClearML zips the session folder when the task closes, at the end of the run.
+    session = Path(str(task.get_offline_mode_folder())).with_suffix(".zip")
+    load = f"python -c \"from clearml import Task; Task.import_offline_session('{session}')\""
+    return [("ClearML (offline)", str(session)), ("  upload it:", load)]
+
+
+_DESCRIBE: dict[str, Callable[[Any], list[tuple[str, str]]]] = {
+    "wandb": _wandb,
+    "mlflow": _mlflow,
+    "swanlab": _swanlab,
+    "trackio": _trackio,
+    "clearml": _clearml,
+}
+
+
+def summary_lines(summary: Mapping[str, Any]) -> list[str]:
+    """What the demo prints at its end: every output of the run and how to open it."""
+    backends = summary["backends"]
+    lines = [
+        f"\nRan {summary['steps']} simulated GRPO steps. This run is in {summary['log_dir']}/:"
+    ]
+    if "jsonl" in backends:
+        lines.append(f"  metrics (JSONL):  {summary['jsonl']}")
+    if "tensorboard" in backends:
+        lines.append(f"  TensorBoard:      {summary['tensorboard']}")
+        lines.append(f"  view every run:   tensorboard --logdir {summary['base_dir']}")
+    if "console" in backends:
+        lines.append("  console:          the tables printed above (stderr)")
+    for label, text in summary["trackers"]:
+        # A tracker's name ends with a colon; its indented follow-up lines carry their own.
+        lines.append(f"  {label if label.startswith(' ') else label + ':':<17} {text}")
+    if summary.get("prometheus"):
+        lines.append(f"  Prometheus:       {summary['prometheus']} (served while the demo ran)")
+    if summary.get("otlp"):
+        lines.append(f"  OTLP:             pushed to {summary['otlp']}")
+    if not backends:
+        lines.append("  no tracker (--backends ''): the values went to the outputs above only")
+    for report in sorted(Path(summary["log_dir"], "stalls").glob("*.txt")):
+        lines.append(f"  stall report:     {report}")
+    return lines

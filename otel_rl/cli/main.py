@@ -186,18 +186,9 @@ def _demo(args: argparse.Namespace) -> int:
         if signum is None:
             raise
         return _demo_stopped(signum, started)
-    print(f"\nRan {summary['steps']} simulated GRPO steps. This run is in {summary['log_dir']}/:")
-    if "jsonl" in backends:
-        print(f"  metrics (JSONL):  {summary['jsonl']}")
-    if "tensorboard" in backends:
-        print(f"  TensorBoard:      {summary['tensorboard']}")
-        print(f"  view every run:   tensorboard --logdir {summary['base_dir']}")
-    if summary.get("prometheus"):
-        print(f"  Prometheus:       {summary['prometheus']} (served while the demo ran)")
-    if summary.get("otlp"):
-        print(f"  OTLP:             pushed to {summary['otlp']}")
-    for report in sorted(Path(summary["log_dir"], "stalls").glob("*.txt")):
-        print(f"  stall report:     {report}")
+    from otel_rl.cli.demo import summary_lines
+
+    print("\n".join(summary_lines(summary)))
     return 0
 
 

@@ -230,8 +230,9 @@ class OtlpSection(Section):
     enabled: bool = _field(False, "push metrics with OTLP ([outputs.md](outputs.md))")
     endpoint: str | None = _field(
         None,
-        "collector URL; unset: `OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`, then "
-        "`http://127.0.0.1:4318`",
+        "collector URL, `http://` or `https://` (gRPC also takes `host:port` and "
+        "`unix:///path`; anything else is refused with the URL meant); unset: "
+        "`OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`, then `http://127.0.0.1:4318`",
         shown_type="URL",
     )
     protocol: Literal["http/protobuf", "grpc"] | None = _field(

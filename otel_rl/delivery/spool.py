@@ -1,6 +1,7 @@
 """A per-tracker write-ahead log: records reach disk before a tracker sees them.
 
-Layout, for one tracker of one run (folders 0700, files 0600: rows and configs are private)::
+Layout, for one tracker of one run (folders 0700 from ``.otel-rl`` down, files 0600: rows and
+configs are private; the log dir above them keeps the umask's mode)::
 
     <log_dir>/.otel-rl/spool/<tracker>/<run_id>/
         meta.json                 tracker name, logger config, how to resume the tracker's run
@@ -53,18 +54,38 @@ def handoff_dir(log_dir: str | os.PathLike[str]) -> Path:
 
 
 def private_dirs(directory: Path) -> None:
-    """Create ``directory`` and its missing parents as 0700 (the umask cannot widen it)."""
+    """Create ``directory`` and its missing parents: 0700 from the ``.otel-rl`` folder down
+    (the umask cannot widen them), the folders above it with the umask's mode.
+
+    The folders above ``.otel-rl`` are the run's log dir and its parents, which also hold what
+    the user shares (``metrics.jsonl``, TensorBoard files): a teammate must be able to enter
+    them. A ``directory`` outside any ``.otel-rl`` folder is private with all its missing
+    parents, as no part of it is known to be the user's.
+    """
+    private_top = _private_top(directory)
     missing = []
     path = directory
     while not path.exists():
         missing.append(path)
         path = path.parent
     for path in reversed(missing):
+        if private_top is not None and not path.is_relative_to(private_top):
+            path.mkdir(exist_ok=True)
+            continue
         try:
             path.mkdir(mode=_DIR_MODE)
         except FileExistsError:
             continue
         os.chmod(path, _DIR_MODE)
+
+
+def _private_top(directory: Path) -> Path | None:
+    """The ``.otel-rl`` folder ``directory`` is in (or is), else ``None``."""
+    top = SPOOL_DIRNAME.split("/", 1)[0]
+    for path in (directory, *directory.parents):
+        if path.name == top:
+            return path
+    return None
 
 
 def _close_synced(f: Any) -> None:

@@ -10,11 +10,14 @@ pool with ``urllib`` would need a thread per in-flight request to get the same d
 re-open a connection every round; at 256 engines that is 256 threads or a serialized round.
 
 Steps: :meth:`RolloutMonitor.mark_step` (training thread) only appends ``(step, clock())`` to a
-deque. After each round, every mark made before the round started is closed: the engines'
-windows (see :mod:`otel_rl.rollout.rows`) become that step's rows and ``emit(step, values)`` is
-called on the monitor's thread. The scrape that closes a step is the first one started after
-the mark, and it also opens the next step, so consecutive steps share a bracket and no increase
-is counted twice or lost. Several marks closed by the same round (steps shorter than the
+deque and wakes the monitor's loop, which starts a round at once (or right after the one in
+flight): the step's closing scrape is taken when the step closed, off the training thread.
+After each round, every mark made before the round started is closed: the engines' windows (see
+:mod:`otel_rl.rollout.rows`) become that step's rows and ``emit(step, values)`` is called on the
+monitor's thread. The scrape that closes a step is the first one started after the mark, and it
+also opens the next step, so consecutive steps share a bracket and no increase is counted twice
+or lost: a step's row holds exactly the increase between the scrape at the previous step's close
+and the scrape at its own. Several marks closed by the same round (steps shorter than the
 collection interval) give one set of rows, to the latest of them; the earlier ones get none
 (``stats["steps_without_scrape"]``).
 
@@ -63,7 +66,14 @@ from otel_rl.rollout.engines import (
     parse_engine_page,
     parse_ray_node_page,
 )
-from otel_rl.rollout.rows import EngineStep, EngineWindow, combine, engine_rows, prefixed
+from otel_rl.rollout.rows import (
+    EngineStep,
+    EngineWindow,
+    below_zero,
+    combine,
+    engine_rows,
+    prefixed,
+)
 
 Emit = Callable[[int, dict[str, float]], None]
 
@@ -153,6 +163,7 @@ class RolloutMonitor:
             "steps_without_scrape": 0,
             "restarts": 0,
             "emit_errors": 0,
+            "negative_samples": 0,
             "last_round_seconds": None,
         }
         self._emit = emit
@@ -171,6 +182,8 @@ class RolloutMonitor:
         self._flush_lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._warned: set[tuple[str, ...]] = set()
+        #: Engines forwarded to Ray, by kind: the roles any of them has shown so far.
+        self._ray_roles_seen: dict[str, set[str]] = {}
         self._closed = False
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -277,9 +290,17 @@ class RolloutMonitor:
         return sorted(self._engines.values(), key=lambda e: e.id)
 
     def mark_step(self, step: int) -> None:
-        """The training step ``step`` ended now. O(1), no I/O: its rows follow on the monitor's
-        thread after the next scrape."""
+        """The training step ``step`` ended now: its rows hold the engines' counts as of now.
+
+        The scrape is not made here, on the training thread, but on the monitor's: the mark
+        (step, time) goes to a deque and the monitor's event loop is woken (one byte written to
+        its wake-up pipe, no network, no disk), which starts a round at once, or right after the
+        round in flight. That round is the step's closing scrape: it started after the mark, so
+        it holds everything the engines did in the step, and it starts within one GET's time of
+        the mark, not up to ``collection_interval`` later, so it holds next to nothing of the
+        next step. Its rows follow on the monitor's thread."""
         self._marks.append((int(step), self._clock()))
+        self._poke()
 
     def start(self) -> None:
         if self._thread is not None or self._closed:
@@ -314,6 +335,7 @@ class RolloutMonitor:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(max(0.1, deadline - time.monotonic()))
+        self._warn_never_seen()
 
     def write_sd_file(
         self, path: str | os.PathLike[str], labels: dict[str, str] | None = None
@@ -445,7 +467,12 @@ class RolloutMonitor:
             self._note(f"endpoint:{url}", "ok", f"rollout monitoring: {shown} answers again")
             for label, sample in outcome.items():
                 info = self._engine(url, label, sample.kind)
-                self._check_roles(info, sample)
+                negative = below_zero(sample)
+                if negative:
+                    self.stats["negative_samples"] += 1
+                    self._warn_negative(info, negative)
+                    continue
+                self._check_roles(info, sample, from_ray=url in node_urls)
                 back = self._windows[info.id].add(sample, at)
                 if back:
                     self.stats["restarts"] += 1
@@ -489,18 +516,57 @@ class RolloutMonitor:
             self._note("ray-discovery", "ok", "rollout monitoring: Ray's node list answers again")
         return self._ray_nodes
 
-    def _check_roles(self, info: EngineInfo, sample: EngineSample) -> None:
-        missing = EXPECTED_ROLES[sample.kind] - sample.roles()
-        for role in sorted(missing):
-            key = ("missing", sample.kind, _ROLE_ROWS.get(role, role))
+    def _check_roles(self, info: EngineInfo, sample: EngineSample, from_ray: bool) -> None:
+        """Warn about a metric an engine's page lacks. An engine's own ``/metrics`` page lists
+        every series from the engine's start, so a missing one is warned about at once; an engine
+        forwarded to Ray has a series only from its first record on, so what such an engine
+        lacks is only warned about by :meth:`close`, if it never appeared."""
+        seen = self._ray_roles_seen.setdefault(sample.kind, set()) if from_ray else None
+        if seen is not None:
+            seen.update(sample.roles())
+            return
+        for role in sorted(EXPECTED_ROLES[sample.kind] - sample.roles()):
+            self._warn_missing(info, sample.kind, role)
+
+    def _warn_missing(self, info: EngineInfo, kind: str, role: str) -> None:
+        key = ("missing", kind, _ROLE_ROWS.get(role, role))
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        _log.warning(
+            "otel-rl: rollout monitoring: engine %d (%s, %s) has no metric for %s (an older "
+            "release?); that row is left out for %s engines without it",
+            info.id, info.url, kind, _ROLE_ROWS.get(role, role), kind,
+        )  # fmt: skip
+
+    def _warn_negative(self, info: EngineInfo, names: list[str]) -> None:
+        for name in names:
+            key = ("negative", str(info.id), name)
             if key in self._warned:
                 continue
             self._warned.add(key)
             _log.warning(
-                "otel-rl: rollout monitoring: engine %d (%s, %s) has no metric for %s (an older "
-                "release?); that row is left out for %s engines without it",
-                info.id, info.url, sample.kind, _ROLE_ROWS.get(role, role), sample.kind,
+                "otel-rl: rollout monitoring: engine %d (%s) shows %s below zero (a bug in the "
+                "engine or its exporter); its samples with a counter below zero are skipped, "
+                "their increases go to the next good sample",
+                info.id, info.url, name,
             )  # fmt: skip
+
+    def _warn_never_seen(self) -> None:
+        """At close: the metrics no engine forwarded to Ray ever showed (one warning per row and
+        engine kind, as for an engine's own page)."""
+        for kind, seen in list(self._ray_roles_seen.items()):
+            for role in sorted(EXPECTED_ROLES[kind] - set(seen)):
+                row = _ROLE_ROWS.get(role, role)
+                if ("missing", kind, row) in self._warned:
+                    continue
+                self._warned.add(("missing", kind, row))
+                _log.warning(
+                    "otel-rl: rollout monitoring: no %s engine forwarded to Ray ever had a metric "
+                    "for %s over the run (Ray shows a series from its first record on: none was "
+                    "recorded, or an older release lacks it); that row was left out",
+                    kind, row,
+                )  # fmt: skip
 
     def _close_steps(self, round_at: float) -> None:
         due: list[int] = []

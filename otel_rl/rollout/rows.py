@@ -5,6 +5,12 @@ good scrapes of an engine, counters and histogram buckets add their increase to 
 gauges add their sample. Closing the window at a step gives that step's rows and starts the next
 window, so every increase and every gauge sample is counted in exactly one step.
 
+The engine's first sample is the baseline: an engine already running when monitoring starts
+does not count its history. A counter or histogram that appears in a later sample counts from
+zero (Ray, and ``prometheus_client`` for a labelled series, create a series at its first
+record); one missing from a sample keeps its last value, so it is not counted twice when it is
+back.
+
 A counter series or a histogram bucket that went down means the engine's process started over,
 and with it every counter of the engine: then each counter's and bucket's increase is its new
 value (counted from 0, as Prometheus' ``increase()`` counts a reset), including the series that
@@ -91,19 +97,17 @@ class EngineWindow:
             went_back = _went_back(previous, sample)
             restarted = bool(went_back)
             for role, value in sample.counters.items():
-                if restarted:
+                if restarted or role not in previous.counters:
+                    # A metric that appears after the engine's first sample was created by
+                    # its first record (Ray creates a series only then): it counts from zero.
                     increase = value
-                elif role in previous.counters:
-                    increase = _counter_increase(previous, sample, role)
                 else:
-                    continue  # appeared only now: nothing to compare with yet
+                    increase = _counter_increase(previous, sample, role)
                 self.increases[role] = self.increases.get(role, 0.0) + increase
             for role, hist in sample.histograms.items():
                 before_hist = previous.histograms.get(role)
-                if restarted:
+                if restarted or before_hist is None:
                     delta: list[float] | None = list(hist.counts)
-                elif before_hist is None:
-                    continue
                 else:
                     delta = _histogram_increase(before_hist, hist)
                 if delta is not None:  # None only after a restart, handled above
@@ -150,6 +154,21 @@ class EngineWindow:
         return step
 
 
+def below_zero(sample: EngineSample) -> list[str]:
+    """The counters (by source name) with a series or a histogram bucket below zero: no engine
+    counts below zero, so such a sample comes from a bug or a broken exporter and is not
+    compared with anything."""
+    names: list[str] = []
+    for role, value in sample.counters.items():
+        series = sample.series.get(role)
+        if value < 0 or (series is not None and any(v < 0 for v in series.values())):
+            names.append(sample.sources.get(role, role))
+    for role, hist in sample.histograms.items():
+        if any(c < 0 for c in hist.counts):
+            names.append(sample.sources.get(role, role))
+    return names
+
+
 def _went_back(before: EngineSample, after: EngineSample) -> list[str]:
     """The metrics of ``after`` below their value in ``before``: a counter series that went
     down, or a histogram with a bucket that went down or other buckets (another release)."""
@@ -185,16 +204,33 @@ def _counter_increase(before: EngineSample, after: EngineSample, role: str) -> f
 
 
 def _with_missing_series(before: EngineSample, after: EngineSample) -> EngineSample:
-    """``after``, keeping the last value of the counter series it lacks: a series back after a
-    scrape without it then adds its increase since it was last seen, not its whole value."""
+    """``after``, keeping the last value of the counter series, counters and histograms it
+    lacks: one back after a scrape without it then adds its increase since it was last seen,
+    not its whole value (only a metric never seen before counts from zero)."""
     carried: dict[str, dict[SeriesKey, float]] = {}
     for role, old_series in before.series.items():
         new_series = after.series.get(role)
         if new_series is not None and not old_series.keys() <= new_series.keys():
             carried[role] = {**old_series, **new_series}
-    if not carried:
+    gone_counters = {r: v for r, v in before.counters.items() if r not in after.counters}
+    gone_histograms = {r: h for r, h in before.histograms.items() if r not in after.histograms}
+    if not (carried or gone_counters or gone_histograms):
         return after
-    return replace(after, series={**after.series, **carried})
+    series = {**after.series, **carried}
+    for role in gone_counters:
+        if role in before.series:
+            series[role] = before.series[role]
+    sources = dict(after.sources)
+    for role in (*gone_counters, *gone_histograms):
+        if role in before.sources:
+            sources.setdefault(role, before.sources[role])
+    return replace(
+        after,
+        counters={**after.counters, **gone_counters},
+        histograms={**after.histograms, **gone_histograms},
+        series=series,
+        sources=sources,
+    )
 
 
 def _histogram_increase(before: Histogram, after: Histogram) -> list[float] | None:

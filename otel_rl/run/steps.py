@@ -30,7 +30,8 @@ class StepAssembler:
 
     ``stats`` is the Logger's public ``stats`` dict: ``steps`` (rows sealed) and
     ``backwards_steps`` are counted in it. ``on_seal`` callables get each sealed step number (the
-    rollout monitor marks its step there); they must only append to a queue.
+    rollout monitor marks its step there); they run on the training thread under the step lock,
+    so they only hand the step on (append to a queue, wake a thread), never wait.
     """
 
     def __init__(

@@ -25,6 +25,7 @@ import importlib
 import logging
 import math
 import os
+import re
 import threading
 import time
 import weakref
@@ -118,8 +119,19 @@ def resolve_otlp(
 
 
 def check_otlp_config(otlp: Mapping[str, Any]) -> None:
-    """Reject bad ``otlp:`` values at config time (env vars are checked when the run starts)."""
-    resolve_otlp(otlp, environ={})
+    """Reject bad ``otlp:`` values at config time (env vars are checked when the run starts).
+
+    With ``otlp.protocol`` unset, the protocol may come from ``OTEL_EXPORTER_OTLP_PROTOCOL``
+    when the run starts: an endpoint only gRPC takes (``collector:4317``) is checked then."""
+    try:
+        resolve_otlp(otlp, environ={})
+    except ConfigError as http_error:
+        if otlp.get("protocol") is not None:
+            raise
+        try:
+            resolve_otlp({**otlp, "protocol": "grpc"}, environ={})
+        except ConfigError:
+            raise http_error from None
 
 
 class OtlpOutput:
@@ -128,6 +140,9 @@ class OtlpOutput:
 
     def __init__(self, otlp: Mapping[str, Any], providers: int) -> None:
         self.settings = resolve_otlp(otlp)
+        # The run's events build their exporter at the first event, on the watchdog's thread: a
+        # bad OTEL_EXPORTER_OTLP_LOGS_* variable is refused now, before anything starts.
+        resolve_otlp(otlp, signal="logs")
         every = f"every {self.settings.interval_s:g} s"
         self._watches = [
             ExportWatch("metrics", self.settings.endpoint, every, counted_in=FAILURES_SERIES)
@@ -262,15 +277,94 @@ def _endpoint(
     configured: str | None, protocol: str, env: Mapping[str, str], var: _Variables
 ) -> str:
     specific_name, generic_name = var.names("ENDPOINT")
-    if protocol == "grpc":
-        return str(configured or _env(env, specific_name, generic_name) or DEFAULT_GRPC_ENDPOINT)
     if configured:
-        return var.with_path(str(configured))
+        given, source = str(configured).strip(), "otlp.endpoint"
+    elif specific := _env(env, specific_name):
+        given, source = specific, specific_name
+    elif generic := _env(env, generic_name):
+        given, source = generic, generic_name
+    else:
+        return DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else var.with_path(DEFAULT_HTTP_ENDPOINT)
+    problem = endpoint_problem(given, protocol)
+    if problem is not None:
+        raise ConfigError(f"{source} {_shown(given)!r}: {problem}")
     # Per the spec, the signal-specific variable is the full URL; the generic one is a base.
-    specific = _env(env, specific_name)
-    if specific:
-        return specific
-    return var.with_path(_env(env, generic_name) or DEFAULT_HTTP_ENDPOINT)
+    if protocol == "grpc" or source == specific_name:
+        return given
+    return var.with_path(given)
+
+
+#: gRPC name-resolver schemes: a target such as ``unix:///run/otel.sock`` reaches gRPC as it is.
+GRPC_TARGET_SCHEMES = ("unix", "unix-abstract", "dns", "ipv4", "ipv6", "vsock")
+_DEFAULT_PORTS = {"http/protobuf": 4318, "grpc": 4317}
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:/@\[\]]+):(\d{1,5})$")
+
+
+def endpoint_problem(endpoint: str, protocol: str) -> str | None:
+    """Why ``endpoint`` cannot be the collector's address over ``protocol``, with the URL that
+    was likely meant; ``None`` when it can.
+
+    OTLP/HTTP needs an ``http://`` or ``https://`` URL with a host. The SDK's gRPC exporter also
+    takes ``host:port`` (TLS unless ``otlp.insecure``/``OTEL_EXPORTER_OTLP_INSECURE`` says
+    otherwise) and gRPC's own targets (``unix:///path``, ``dns:///host:port``, ...). Anything
+    else would be retried at every export as if the collector were down, forever.
+    """
+    grpc = protocol == "grpc"
+    scheme_match = _SCHEME.match(endpoint)
+    scheme = scheme_match.group(1).lower() if scheme_match else ""
+    if "://" not in endpoint:
+        if grpc and (_HOST_PORT.match(endpoint) or scheme in GRPC_TARGET_SCHEMES):
+            return None
+        return f"{_forms(protocol)}; did you mean {_shown(_suggested(endpoint, protocol))!r}?"
+    rest = endpoint.split("://", 1)[1]
+    if scheme not in ("http", "https"):
+        if grpc and scheme in GRPC_TARGET_SCHEMES:
+            authority = urlsplit(endpoint).netloc
+            if not authority:
+                return None
+            # The SDK's exporter keeps a URL's authority alone, as if it were the collector.
+            return (
+                f"the OTel gRPC exporter would connect to {_shown(authority)!r} alone; write "
+                f"the target without an authority, e.g. '{scheme}:///host:port'"
+            )
+        return (
+            f"{_forms(protocol)}, not {scheme or 'an empty scheme'}://; did you mean "
+            f"{_shown(_suggested(rest, protocol))!r}?"
+        )
+    parts = urlsplit(endpoint)
+    if not parts.hostname:
+        return f"the URL has no host; e.g. '{scheme}://127.0.0.1:{_DEFAULT_PORTS[protocol]}'"
+    try:
+        parts.port  # noqa: B018 - it raises on a port that is not a number up to 65535
+    except ValueError:
+        return "its port is not a number from 0 to 65535"
+    return None
+
+
+def _forms(protocol: str) -> str:
+    if protocol == "grpc":
+        return (
+            "OTLP over gRPC needs http://host:port (plaintext), https://host:port (TLS), "
+            "host:port or a gRPC target (unix:///path)"
+        )
+    return "OTLP/HTTP needs a URL starting with http:// (or https:// for TLS)"
+
+
+def _suggested(address: str, protocol: str) -> str:
+    """``address`` (what follows a wrong scheme, or all of it) as an ``http://`` URL, with the
+    protocol's port when it names none."""
+    address = address.lstrip("/")
+    hostport, sep, path = address.partition("/")
+    host = hostport.rpartition("@")[2]
+    if host and not re.search(r":\d*$", host.removesuffix("]") if "]" in host else host):
+        hostport = f"{hostport}:{_DEFAULT_PORTS[protocol]}"
+    return f"http://{hostport}{sep}{path}"
+
+
+def _shown(endpoint: str) -> str:
+    """``endpoint`` as an error may show it: a ``user:password@`` becomes ``***@``."""
+    return re.sub(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?/*)[^/@]*@", r"\1***@", endpoint)
 
 
 def _split_userinfo(endpoint: str) -> tuple[str, str | None]:

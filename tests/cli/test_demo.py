@@ -6,10 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from testkit import servers
 from testkit.readers import jsonl_rows, tensorboard_scalars
+
+mlflow_server = servers.mlflow_server  # the session's one shared server (fixture)
 
 
 def demo(*args: str) -> subprocess.CompletedProcess[str]:
@@ -89,3 +93,111 @@ def test_run_demo_refuses_a_step_count_below_one(tmp_path):
         with pytest.raises(ValueError, match="steps must be a positive integer"):
             run_demo(steps=steps, log_dir=tmp_path)  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
+
+
+def _printed(stdout: str, label: str) -> str:
+    """The text after ``label`` on its summary line (``  W&B (offline):    /path``)."""
+    (line,) = [ln for ln in stdout.splitlines() if ln.strip().startswith(label)]
+    return line.strip().removeprefix(label).strip()
+
+
+@pytest.mark.slow
+def test_demo_names_every_trackers_run_and_how_to_open_it(tmp_path, monkeypatch):
+    """The real command with W&B, SwanLab and ClearML offline, MLflow in its local SQLite store
+    and Trackio in its store: every path printed exists and holds the run, step by step, with
+    the values JSONL got; each command printed names that path."""
+    pytest.importorskip("clearml")
+    from mlflow import MlflowClient
+
+    from testkit.tracker_readers import read_swanlab, read_trackio, read_wandb, wandb_number
+    from tests.exporters.test_clearml_exporter import read_clearml_session
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
+    monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab-root"))
+    monkeypatch.setenv("CLEARML_CACHE_DIR", str(tmp_path / "clearml"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # TRACKIO_DIR: tracker_readers'
+    backends = "jsonl,wandb,mlflow,swanlab,trackio,clearml"
+    out = demo("--steps", "3", "--log-dir", str(tmp_path / "demo"), "--backends", backends).stdout
+    run = tmp_path / "demo" / "exp_001"
+    loss = {r["step"]: r["metrics"]["train/loss"] for r in jsonl_rows(run / "metrics.jsonl")}
+    assert sorted(loss) == [0, 1, 2]
+
+    wandb_dir = Path(_printed(out, "W&B (offline):"))
+    assert wandb_dir.parent == run / "wandb" and wandb_dir.name.startswith("offline-run-")
+    assert _printed(out, "upload it:      wandb sync") == str(wandb_dir)
+    history = read_wandb(wandb_dir).series("train/loss")
+    assert [(s, wandb_number(v)) for s, v in history] == sorted(loss.items())
+
+    uri = f"sqlite:///{run / 'mlflow' / 'mlflow.db'}"
+    run_id, _, store = _printed(out, "MLflow:").removeprefix("run ").partition(" in ")
+    assert store == uri and (run / "mlflow" / "mlflow.db").is_file()
+    assert _printed(out, "view it:        mlflow ui").startswith(f"--backend-store-uri {uri} ")
+    points = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "train/loss")
+    assert sorted((p.step, p.value) for p in points) == sorted(loss.items())
+
+    swanlab_dir = Path(_printed(out, "SwanLab (offline):"))
+    assert swanlab_dir.parent == run / "swanlab" and swanlab_dir.is_dir()
+    assert _printed(out, "upload it:      swanlab sync") == str(swanlab_dir)
+    assert read_swanlab(swanlab_dir).scalars["train/loss"] == sorted(loss.items())
+
+    name, _, store = _printed(out, "Trackio:").removeprefix("run ").partition(" in ")
+    assert Path(store).is_file() and Path(store).name == "otel-rl-demo.db"
+    assert _printed(out, "view it:        trackio show") == "--project otel-rl-demo"
+    rows, _ = read_trackio("otel-rl-demo", name)
+    assert [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r] == sorted(
+        loss.items()
+    )
+
+    session = Path(_printed(out, "ClearML (offline):"))
+    assert session.suffix == ".zip" and session.is_file()
+    assert session.parent == tmp_path / "clearml" / "offline"
+    assert f"Task.import_offline_session('{session}')" in _printed(out, "upload it:      python")
+    scalars = read_clearml_session(session.with_suffix("")).scalars
+    assert scalars[("train", "loss")] == sorted(loss.items())
+
+
+def test_demo_without_any_backend_is_refused_and_claims_no_directory(tmp_path, capsys):
+    """``--backends ''`` alone would run into nothing and print nothing: refused (exit 2)."""
+    from otel_rl.cli.main import main
+
+    assert main(["demo", "--steps", "2", "--log-dir", str(tmp_path), "--backends", ""]) == 2
+    err = capsys.readouterr().err
+    assert "otel-rl demo: no backend given (--backends '')" in err
+    assert "name a tracker (e.g. --backends jsonl)" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_without_a_tracker_but_with_prometheus_says_where_the_values_went(
+    tmp_path, capsys
+):
+    from otel_rl.cli.main import main
+
+    argv = ["demo", "--steps", "2", "--log-dir", str(tmp_path), "--backends", "",
+            "--prometheus-port", "0"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Prometheus:       http://127.0.0.1:" in out
+    assert "no tracker (--backends ''): the values went to the outputs above only" in out
+    assert "metrics (JSONL)" not in out
+    assert not (tmp_path / "exp_001" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_demo_with_an_mlflow_server_names_the_runs_page(mlflow_server, tmp_path, monkeypatch):
+    """``MLFLOW_TRACKING_URI`` set: the run is on the server, and the page printed is its own."""
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    out = demo("--steps", "3", "--log-dir", str(tmp_path), "--backends", "mlflow").stdout
+    run_id, _, store = _printed(out, "MLflow:").removeprefix("run ").partition(" in ")
+    assert store == mlflow_server.url
+    run = MlflowClient(mlflow_server.url).get_run(run_id)
+    page = f"{mlflow_server.url}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    assert _printed(out, "open it:") == page
+    points = MlflowClient(mlflow_server.url).get_metric_history(run_id, "train/reward/count")
+    assert sorted((p.step, p.value) for p in points) == [(0, 16.0), (1, 16.0), (2, 16.0)]

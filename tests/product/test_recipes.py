@@ -197,12 +197,6 @@ def leaf(name: str) -> tuple:
     return (name, ())
 
 
-def gauge_mean(page: str, name: str) -> float:
-    """The one value of the gauge ``name`` on a vLLM page (labels ignored)."""
-    (value,) = re.findall(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", page, re.M)
-    return float(value)
-
-
 def work() -> None:
     time.sleep(WORK_S)
 
@@ -376,18 +370,21 @@ def ray_engine() -> Iterator[tuple[Any, Any, str]]:
 
 
 def wait_for_ray_page(url: str, page: str, timeout: float = 60.0) -> None:
-    """Until the node's page shows the engine as it is on ``page`` (a counter, a gauge)."""
-    want = {
-        "ray_vllm_generation_tokens_total": gauge_mean(page, "vllm:generation_tokens_total"),
-        "ray_vllm_num_requests_waiting": gauge_mean(page, "vllm:num_requests_waiting"),
-    }
+    """Until the node's page shows the engine as it is on ``page``: every counter, gauge and
+    histogram the rows read. A worker can push its metrics while a recording is under way; the
+    page then shows the counters recorded first at their new values and the histograms recorded
+    last in part, and a step closed on that page would hold part of the work."""
+    from otel_rl.rollout.engines import parse_engine_page, parse_ray_node_page
+
+    (want,) = parse_engine_page(page).values()
     deadline = time.monotonic() + timeout
     while True:
-        shown = prometheus_page(url)
-        seen = {name: re.findall(rf"^{name}{{[^}}]*}} (\S+)$", shown, re.M) for name in want}
-        if all([float(v) for v in seen[name]] == [value] for name, value in want.items()):
+        seen = list(parse_ray_node_page(prometheus_page(url)).values())
+        if [(s.counters, s.gauges, s.histograms) for s in seen] == [
+            (want.counters, want.gauges, want.histograms)
+        ]:
             return
-        assert time.monotonic() < deadline, f"the node's page never showed {want}: {seen}"
+        assert time.monotonic() < deadline, f"the node's page never showed {page[:80]}: {seen}"
         time.sleep(0.1)
 
 

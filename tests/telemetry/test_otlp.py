@@ -342,3 +342,111 @@ def test_demo_flags_push_to_a_collector_and_serve_prometheus(tmp_path, http_rece
     assert http_receiver.last_point("train/reward/count").as_double == 16.0
     resource = next(r for r, _, _, _ in http_receiver.points())
     assert resource["otel_rl.experiment"] == "otel-rl-demo"
+
+
+# ---- endpoints without a usable scheme are refused at start, with the URL meant ----------------
+
+BAD_HTTP_ENDPOINTS = [
+    ("localhost:4318", "http://localhost:4318"),
+    ("notaurl", "http://notaurl:4318"),
+    ("ftp://x:1", "http://x:1"),
+    ("grpc://collector:4317", "http://collector:4317"),
+]
+
+
+@pytest.mark.parametrize(("given", "meant"), BAD_HTTP_ENDPOINTS)
+def test_an_endpoint_without_a_usable_scheme_is_refused_with_the_url_meant(
+    tmp_path, given, meant, clean_otel_env
+):
+    """Such an endpoint used to pass and be retried every 10 s as if the collector were down;
+    now the Logger refuses it before anything starts, naming the config key and the fix."""
+    with pytest.raises(ConfigError) as refused:
+        Logger(_config(tmp_path, {"endpoint": given}))
+    message = str(refused.value)
+    assert message.startswith(f"otlp.endpoint {given!r}: OTLP/HTTP needs a URL starting with")
+    assert message.endswith(f"did you mean {meant!r}?")
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_ENDPOINT",
+                                      "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                                      "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"])  # fmt: skip
+def test_an_endpoint_variable_without_a_scheme_is_refused_naming_the_variable(
+    tmp_path, variable, clean_otel_env
+):
+    clean_otel_env.setenv(variable, "collector:4318")
+    with pytest.raises(ConfigError) as refused:
+        Logger(_config(tmp_path, {}))
+    assert str(refused.value) == (
+        f"{variable} 'collector:4318': OTLP/HTTP needs a URL starting with http:// (or https:// "
+        "for TLS); did you mean 'http://collector:4318'?"
+    )
+
+
+def test_the_refusal_never_shows_the_endpoints_password(tmp_path, clean_otel_env):
+    with pytest.raises(ConfigError) as refused:
+        Logger(_config(tmp_path, {"endpoint": "bob:hunter22@collector:4318"}))
+    assert "hunter22" not in str(refused.value)
+    assert "did you mean 'http://***@collector:4318'?" in str(refused.value)
+
+
+def test_grpc_refuses_what_its_exporter_cannot_reach_and_keeps_its_own_forms():
+    """The SDK's gRPC exporter takes ``http(s)://host:port``, ``host:port`` (TLS unless told
+    otherwise) and gRPC's targets (``unix:///path``); ``notaurl`` (no port: gRPC would dial
+    443) and ``ftp://`` are refused."""
+    for good in ("http://c:4317", "https://c:4317", "c:4317", "[::1]:4317",
+                 "unix:///run/otel.sock", "dns:///c:4317"):  # fmt: skip
+        s = resolve_otlp({"endpoint": good, "protocol": "grpc"}, environ={})
+        assert s.endpoint == good
+    for bad, meant in (("notaurl", "http://notaurl:4317"), ("ftp://x:1", "http://x:1")):
+        with pytest.raises(ConfigError, match=rf"did you mean '{meant}'\?$"):
+            resolve_otlp({"endpoint": bad, "protocol": "grpc"}, environ={})
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_ENDPOINT 'notaurl'"):
+        resolve_otlp({"protocol": "grpc"}, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "notaurl"})
+
+
+def test_a_grpc_endpoint_passes_the_config_when_the_protocol_comes_from_the_env(
+    tmp_path, clean_otel_env
+):
+    """``otlp.endpoint: collector:4317`` with ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``: the config
+    check cannot know the protocol yet and lets it pass; the start checks it with the real one."""
+    receiver = OtlpGrpcReceiver()
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    try:
+        endpoint = receiver.endpoint.removeprefix("http://")
+        logger = Logger(_config(tmp_path, {"endpoint": endpoint}))
+        logger.log_metrics({"loss": 0.125}, step=0)
+        logger.finish()
+    finally:
+        receiver.close()
+    assert receiver.last_point("loss").as_double == 0.125
+
+
+@pytest.mark.parametrize("form", ["{base}", "{base}/", "{base}/v1/metrics", "{localhost}"])
+def test_good_http_endpoints_still_deliver(tmp_path, http_receiver, clean_otel_env, form):
+    localhost = http_receiver.endpoint.replace("127.0.0.1", "localhost")
+    endpoint = form.format(base=http_receiver.endpoint, localhost=localhost)
+    logger = Logger(_config(tmp_path, {"endpoint": endpoint}))
+    logger.log_metrics({"loss": 0.5}, step=0)
+    logger.log_metrics({"loss": 0.25}, step=1)
+    logger.finish()
+    assert http_receiver.last_point("loss").as_double == 0.25
+    assert http_receiver.last_point("otel_rl.step").as_int == 1  # the receiver's /v1/metrics
+
+
+def test_https_endpoint_is_accepted_and_keeps_its_path():
+    s = resolve_otlp({"endpoint": "https://otlp.example.com/otlp"}, environ={})
+    assert s.endpoint == "https://otlp.example.com/otlp/v1/metrics"
+    env = {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "https://gw.example.com/custom"}
+    assert resolve_otlp({}, environ=env).endpoint == "https://gw.example.com/custom"
+
+
+def test_demo_refuses_an_otlp_endpoint_without_a_scheme(tmp_path, capsys):
+    from otel_rl.cli.main import main
+
+    argv = ["demo", "--steps", "2", "--log-dir", str(tmp_path), "--backends", "jsonl",
+            "--otlp-endpoint", "localhost:4318"]  # fmt: skip
+    assert main(argv) == 2
+    assert "did you mean 'http://localhost:4318'?" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
