@@ -257,7 +257,7 @@ def test_a_large_array_is_summarised_as_its_list_is(size, nans, seed, kind):
     elif kind == "torch-bfloat16":
         value = torch.tensor(base).bfloat16()
     else:
-        value = torch.tensor(base).reshape(2, -1)
+        value = torch.tensor(base[: size - size % 2]).reshape(2, -1)
     fast: dict = {}
     flatten_into(fast, {"v": value}, "", lambda key, reason: pytest.fail(reason))
     as_list = value.reshape(-1).tolist() if hasattr(value, "reshape") else value.tolist()
