@@ -96,12 +96,8 @@ class TensorBoardExporter(TrackerExporter):
     def holds_since(self, position: Any, records: int | None = None) -> bool:
         # An event per batch (after any hyperparameter records), written in one call that a
         # kill may still cut short: count the whole records after the position.
-        try:
-            path = self.log_dir / str(position["file"])
-            with path.open("rb") as f:
-                f.seek(int(position["size"]))
-                tail = f.read()
-        except (KeyError, TypeError, ValueError, OSError):
+        tail = self._written_since(position)
+        if tail is None:
             return False
         whole, count = _whole_records(tail)
         return whole and count > 0 and (records is None or count >= records)
@@ -112,12 +108,8 @@ class TensorBoardExporter(TrackerExporter):
         # goes to a new file).
         from tensorboard.compat.proto import event_pb2
 
-        try:
-            path = self.log_dir / str(position["file"])
-            with path.open("rb") as f:
-                f.seek(int(position["size"]))
-                tail = f.read()
-        except (KeyError, TypeError, ValueError, OSError):
+        tail = self._written_since(position)
+        if tail is None:
             return None
         try:
             events = [event_pb2.Event.FromString(payload) for payload in _payloads(tail)]
@@ -125,6 +117,16 @@ class TensorBoardExporter(TrackerExporter):
             return None
         steps = [e for e in events if all(v.tag != HPARAMS_START_TAG for v in e.summary.value)]
         return min(len(steps), records)
+
+    def _written_since(self, position: Any) -> bytes | None:
+        """The bytes of the event file ``position`` names after its size there (``None`` when
+        it cannot be read)."""
+        try:
+            with (self.log_dir / str(position["file"])).open("rb") as f:
+                f.seek(int(position["size"]))
+                return f.read()
+        except (KeyError, TypeError, ValueError, OSError):
+            return None
 
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         changed = any(k not in self._hparams or self._hparams[k] != v for k, v in params.items())

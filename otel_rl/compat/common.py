@@ -67,3 +67,15 @@ class CoreOutputs:
     def timer(self, name: str) -> Timer:
         """Time a block into ``timing/<name>`` (seconds), in the row of the run's next step."""
         return self.core.timer(name)
+
+
+def finish_when_collected(owner: Any) -> None:
+    """``owner.finish()`` from its finalizer, unless it finished (verl finishes its backends
+    when they are collected); never raises."""
+    try:
+        if not getattr(owner, "finished", True):
+            from otel_rl.process.lifecycle import exit_code_hint
+
+            owner.finish(exit_code=exit_code_hint())
+    except Exception:  # never raise from a finalizer
+        pass

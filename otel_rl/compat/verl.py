@@ -28,7 +28,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from otel_rl.compat.common import CoreOutputs, exit_code_now, plain_config
+from otel_rl.compat.common import CoreOutputs, exit_code_now, finish_when_collected, plain_config
 from otel_rl.compat.live import VERL_TRACKINGS
 from otel_rl.compat.verl_config import (
     RL_INSIGHT,
@@ -183,13 +183,7 @@ class Tracking(CoreOutputs):
 
     def __del__(self) -> None:
         # verl finishes its backends when the Tracking is collected; so do we.
-        try:
-            if not getattr(self, "finished", True):
-                from otel_rl.process.lifecycle import exit_code_hint
-
-                self.finish(exit_code=exit_code_hint())
-        except Exception:  # never raise from a finalizer
-            pass
+        finish_when_collected(self)
 
     def _targets(self, backend: str | Iterable[str] | None) -> set[str] | None:
         """``None`` for every backend, else the trackers of the enabled backends named in

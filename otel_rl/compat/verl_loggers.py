@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from otel_rl.compat.common import finish_when_collected
 from otel_rl.compat.verl_config import core_config, file_logger_path
 
 __all__ = ["ClearMLLogger", "FileLogger", "helper_core"]
@@ -57,13 +58,7 @@ class _OwnCore:
         self.core.finish(exit_code=exit_code_now() if exit_code is None else int(exit_code))
 
     def __del__(self) -> None:
-        try:
-            if not getattr(self, "finished", True):
-                from otel_rl.process.lifecycle import exit_code_hint
-
-                self.finish(exit_code=exit_code_hint())
-        except Exception:  # never raise from a finalizer
-            pass
+        finish_when_collected(self)
 
 
 class FileLogger(_OwnCore):
