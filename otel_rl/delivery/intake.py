@@ -181,7 +181,11 @@ def complete_spools(
     folder = spool_root(log_dir).absolute() / ".handoff"
     ends = time.monotonic() + wait
     results = []
-    for manifest in sorted(folder.glob("launch-*.json")):
+    try:
+        manifests = sorted(folder.glob("launch-*.json"))
+    except FileNotFoundError:  # a replay beside this one completed the last launch meanwhile
+        manifests = []
+    for manifest in manifests:
         pid = int(manifest.stem.split("-", 1)[1])
         while not stop():
             try:
