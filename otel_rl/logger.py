@@ -50,7 +50,8 @@ class Logger:
         self._run = run = Run(cfg, exporters, run_id=self.run_id, redaction=self._redaction,
                               report=self._report)  # fmt: skip
         run.facades.append(weakref.ref(self))
-        self._intake = Intake(run, cfg["reductions"], strict=self._strict, report=self._report)
+        self._intake = Intake(run, cfg["reductions"], strict=self._strict, report=self._report,
+                              anatomy=bool(cfg["anatomy"]))  # fmt: skip
         self._fanout = run.fanout
         self.exporters = run.exporters
         self.meter_provider = run.pipeline.provider

@@ -21,17 +21,31 @@ SG_EXP = json.loads((FIXTURES / "sglang-expected.json").read_text())
 
 
 class PageServer:
-    """Serves ``self.page`` at /metrics on 127.0.0.1 (Prometheus text format 0.0.4)."""
+    """Serves ``self.page`` at /metrics on 127.0.0.1 (Prometheus text format 0.0.4).
 
-    def __init__(self, page: str = "", basic_auth: tuple[str, str] | None = None) -> None:
+    With ``hang_elsewhere`` it is an engine that hangs: a request for any other path gets no
+    answer until ``released`` is set (or 60 s), then a 503.
+    """
+
+    def __init__(
+        self,
+        page: str = "",
+        basic_auth: tuple[str, str] | None = None,
+        hang_elsewhere: bool = False,
+    ) -> None:
         self.page = page
         #: With ``basic_auth``, a GET without exactly these credentials gets 401.
         self.basic_auth = basic_auth
         self.authorizations: list[str | None] = []
+        self.released = threading.Event()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if hang_elsewhere and self.path != "/metrics":
+                    owner.released.wait(60)
+                    self.send_error(503)
+                    return
                 given = self.headers.get("Authorization")
                 owner.authorizations.append(given)
                 if owner.basic_auth is not None:
@@ -56,7 +70,8 @@ class PageServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.url = f"{self.base}/metrics"
         # A short poll: shutdown() waits for the serving loop to look (0.5 s by default).
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
@@ -64,5 +79,6 @@ class PageServer:
         self.thread.start()
 
     def close(self) -> None:
+        self.released.set()
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -33,6 +33,29 @@ def _clearml_leaves_no_process_state():
     os.environ.update(before)
 
 
+@pytest.fixture(autouse=True)
+def _each_test_starts_with_no_timer_open():
+    """The process's phase clock (open timers, each path's recent durations) is the process's,
+    as a training loop's is: a timer a test leaves open (a hang it provokes, a NeMo RL ``Timer``
+    started and dropped) would otherwise be the next test's open phase and stall deadline."""
+    yield
+    from otel_rl.telemetry.timing import PROCESS_CLOCK
+
+    PROCESS_CLOCK._threads.clear()
+    if PROCESS_CLOCK._history is not None:
+        PROCESS_CLOCK._history.clear()
+
+
+@pytest.fixture(scope="module")
+def ray_with_dashboard():
+    """A local Ray cluster with its dashboard (the state API the stall report reads), for the
+    tests of one module."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
 @pytest.fixture
 def log_dir(tmp_path):
     return tmp_path / "logs"

@@ -291,6 +291,7 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     ]
     if "jsonl" in backends:
         lines.append(f"  metrics (JSONL):  {summary['jsonl']}")
+        lines.append(f"  where steps went: otel-rl why {summary['log_dir']}")
     if "tensorboard" in backends:
         lines.append(f"  TensorBoard:      {summary['tensorboard']}")
         lines.append(f"  view every run:   tensorboard --logdir {summary['base_dir']}")

@@ -1,4 +1,4 @@
-"""The otel-rl command line: the demo, spool replay and the standalone GPU monitor."""
+"""The otel-rl command line: the demo, spool replay, the standalone GPU monitor and ``why``."""
 
 from __future__ import annotations
 
@@ -139,6 +139,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gpu_monitor.add_arguments(monitor)
     monitor.set_defaults(run=gpu_monitor.run)
+
+    why = commands.add_parser(
+        "why",
+        help="why a run's slow steps were slow: its anatomy, critical path, stalls, stragglers",
+        description="Read what a run wrote (LOG_DIR/metrics.jsonl, events.jsonl, stalls/) and "
+        "say which steps were slowest against the median, where one step's time went (each "
+        "phase against its own median, the critical path, the workers), and the stalls and "
+        "stragglers found. No server or tracker needed.",
+    )
+    why.add_argument("log_dir", help="the run's log_dir (or its metrics .jsonl file)")
+    why.add_argument(
+        "--step", type=_int, default=None,
+        help="the step to take apart (default: the slowest)",
+    )  # fmt: skip
+    why.add_argument("--top", type=positive_int, default=5, help="slowest steps listed (default 5)")
+    why.add_argument("--json", action="store_true", help="print the answer as JSON")
+    why.set_defaults(run=_why)
     return parser
 
 
@@ -146,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     return int(args.run(args) or 0)
+
+
+def _why(args: argparse.Namespace) -> int:
+    from otel_rl.cli.why import run
+
+    return run(args.log_dir, step=args.step, top=args.top, as_json=args.json)
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -314,6 +314,12 @@ class StallsSection(Section):
     factor: float = _field(
         10.0, "... or for this many times the median of the recent step times, if longer", gt=0
     )
+    phase_after: Seconds = _field(
+        30.0,
+        "a timer open this long with no step is a stall, once it has completed before (or "
+        "`factor` times the p95 of its last 20 uses, if longer)",
+        shown_type="seconds",
+    )
     stacks_timeout: Seconds = _field(
         10.0, "how long a stall report may wait for the Ray actors' stacks", shown_type="seconds"
     )
@@ -383,6 +389,9 @@ class LoggerSettings(Section):
         "`{mytracker: {option: 1}}` ([backends](backends/README.md#adding-a-tracker))",
         factory=dict,
         shown_type="mapping",
+    )
+    anatomy: bool = _field(
+        True, "each step's `anatomy/*` rows: where its time went ([anatomy.md](anatomy.md))"
     )
     monitor_gpus: bool = _field(
         False, "Ray GPU/node metrics ([gpu-monitoring.md](gpu-monitoring.md))"

@@ -165,6 +165,11 @@ TIMING = Metric(
     f"timing/{NAME}", "histogram", "s", f"duration of {NAME}",
     "`logger.timer(name)` used, `prometheus` or `otlp` on",
 )  # fmt: skip
+# Gauges of the step's anatomy rows (docs/anatomy.md): no unit, their names say it.
+ANATOMY = Metric(
+    f"anatomy/{NAME}", "observable_gauge", "", f"where the step's time went: {NAME}",
+    "timers used (`anatomy` on), `prometheus` or `otlp` on",
+)  # fmt: skip
 
 GPU_UTILIZATION = Metric(
     "ray.node.gpu.utilization", "observable_gauge", "%", "GPU utilization", _GPU, _GPU_LABELS,
@@ -227,7 +232,7 @@ SCRAPE_NODES = Metric(
 #: Every entry, in the order docs/metrics.md lists them.
 CATALOGUE: tuple[Metric, ...] = (
     STEPS, STEP, EXPORTER_QUEUE, EXPORTER_DELIVERED, EXPORTER_DROPPED, VALUES_NONFINITE,
-    OTLP_EXPORT_FAILURES, STALLED, SECONDS_SINCE_STEP, TIMING,
+    OTLP_EXPORT_FAILURES, STALLED, SECONDS_SINCE_STEP, TIMING, ANATOMY,
     GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_POWER, GPU_TEMPERATURE,
     NODE_MEMORY_USED, NODE_MEMORY_TOTAL, NODE_CPU_UTILIZATION,
     SCRAPE_DURATION, SCRAPE_ERRORS, SCRAPE_SERIES, SCRAPE_NODES,

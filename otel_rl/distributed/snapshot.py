@@ -5,14 +5,17 @@ A snapshot is everything one worker recorded since its previous snapshot::
     {"format": 1, "rank": 0, "role": "actor", "step": 3 | None, "time": <unix seconds>,
      "scalars":    {key: (reduce, n, sum, weighted_sum, weight_sum, min, max, last, last_time)},
      "timings":    {key: (total_seconds, count)},
-     "histograms": {key: (bounds, counts, count, sum, min, max)}}
+     "histograms": {key: (bounds, counts, count, sum, min, max)},
+     "anatomy":    {timer path: exclusive seconds}}
 
 A scalar carries enough to apply any reduction on the driver: ``reduce`` is what the worker
 declared (``None``: let the driver's rules decide, default ``mean``), ``n`` how many values
 were recorded, then their plain sum, their weighted sum and total weight (for a weighted mean),
 min, max, and the last value with its wall-clock time. A timing is the worker's total seconds
 for that name over the step (repeated timers add up). A histogram has explicit bucket bounds and
-merges exactly.
+merges exactly. ``anatomy`` (optional: a snapshot without it is still format 1) holds the
+seconds the worker spent inside its own timers, by timer path, each exclusive of the timers nested
+in it (the driver's step anatomy, docs/anatomy.md).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from opentelemetry.sdk.metrics.export import (
 from otel_rl.core.records import _with_attributes, scoped_metrics
 
 FORMAT = 1
+
+#: The snapshot entry of the worker's exclusive timer seconds by path.
+ANATOMY_KEY = "anatomy"
 
 # Field positions of a scalar entry.
 REDUCE, N, SUM, WSUM, WEIGHT, MIN, MAX, LAST, LAST_TIME = range(9)

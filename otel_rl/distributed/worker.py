@@ -16,6 +16,7 @@ from otel_rl.core.keys import KeyCollisionError, KeyRegistry
 from otel_rl.core.records import OWN_SCOPE
 from otel_rl.distributed.reductions import REDUCTIONS, ReductionConflictError
 from otel_rl.distributed.snapshot import (
+    ANATOMY_KEY,
     LAST,
     LAST_TIME,
     MAX,
@@ -29,7 +30,7 @@ from otel_rl.distributed.snapshot import (
     empty_snapshot,
 )
 from otel_rl.telemetry.step_reader import StepReader
-from otel_rl.telemetry.timing import Timer, TimerFactory
+from otel_rl.telemetry.timing import PhaseClock, Timer, TimerFactory
 from otel_rl.telemetry.tracing import RunTracer, hook_active, hook_resource
 
 #: The scope of ``WorkerMetrics.meter``.
@@ -99,8 +100,10 @@ class WorkerMetrics:
         self._tracer: RunTracer | None = RunTracer(self._span_resource, otlp) if tracing else None
         self._span_attributes = {"otel_rl.role": self.role, "otel_rl.rank": self.rank}
         self._keys = KeyRegistry()
+        # the worker's own timers' time (a worker inside the driver's process counts only its own)
+        self._clock = PhaseClock()
         self._timers = TimerFactory(
-            self._own_meter, self._keys, self._tracer, self._span_attributes
+            self._own_meter, self._keys, self._tracer, self._span_attributes, clock=self._clock
         )
         self._declared: dict[str, str | None] = {}
         self._scalars: dict[str, list[Any]] = {}
@@ -169,6 +172,7 @@ class WorkerMetrics:
         snap = empty_snapshot(self.rank, self.role, step, now)
         snap["scalars"] = {key: tuple(acc) for key, acc in scalars.items()}
         add_otel_data(snap, self._reader.take(), self._timer_key, now)
+        snap[ANATOMY_KEY] = self._clock.take()
         return snap
 
     @property

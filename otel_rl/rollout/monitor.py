@@ -284,6 +284,28 @@ class RolloutMonitor:
         with self._endpoint_lock:
             return list(self._endpoints)
 
+    def engine_states(self) -> list[dict[str, Any]]:
+        """Each engine as of its latest scrape: ``url``, ``label``, ``running`` (requests in
+        flight), ``finished`` (requests finished since the last step closed) over
+        ``window_seconds``, and ``seconds_ago`` (the scrape's age); for the stall verdict. Read
+        on another thread while this one's may write: a value being replaced is the old or the
+        new one, both true at some moment."""
+        out = []
+        for info in self.engines:
+            window = self._windows.get(info.id)
+            sample = None if window is None else window.previous
+            if window is None or sample is None:
+                continue
+            out.append({
+                "url": info.url,
+                "label": info.label,
+                "running": sample.gauges.get("running"),
+                "finished": window.increases.get("requests_finished"),
+                "window_seconds": window.seconds,
+                "seconds_ago": max(0.0, time.monotonic() - window.previous_at),
+            })  # fmt: skip
+        return out
+
     @property
     def engines(self) -> list[EngineInfo]:
         """Engines seen so far, by id."""

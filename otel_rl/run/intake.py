@@ -14,12 +14,14 @@ from typing import Any
 
 from opentelemetry.metrics import Observation
 
+from otel_rl.core.catalogue import ANATOMY, Metric
 from otel_rl.core.errors import MetricError
 from otel_rl.core.keys import KeyCollisionError
 from otel_rl.core.paths import safe_relative
 from otel_rl.core.records import OWN_SCOPE
 from otel_rl.core.values import flatten_into
 from otel_rl.distributed.reductions import ReductionRules
+from otel_rl.run.anatomy import StepAnatomy
 from otel_rl.run.run import Run
 from otel_rl.run.steps import checked_step
 from otel_rl.telemetry.timing import Timer, TimerFactory
@@ -35,6 +37,7 @@ class Intake:
         *,
         strict: bool,
         report: Callable[[object, str], None],
+        anatomy: bool = True,
     ) -> None:
         self._steps = run.steps
         self._strict = strict
@@ -52,6 +55,10 @@ class Intake:
         )
         self._known: set[str] = set()
         self._latest: dict[str, float] = {}
+        self._anatomy: StepAnatomy | None = None
+        if anatomy:
+            self._anatomy = StepAnatomy()
+            self._steps.before_seal = self._anatomy_rows
 
     def log(
         self,
@@ -90,6 +97,8 @@ class Intake:
                 if watch is not None:
                     watch.new_keys(step, fresh, new)
             steps.add(step, fresh, prefix, step_metric)
+            if self._anatomy is not None:
+                self._anatomy.mark()
             if self._side_readers:
                 self._latest.update(fresh)
             if step_finished:
@@ -102,6 +111,9 @@ class Intake:
         cannot be merged."""
         from otel_rl.distributed.merge import merge_snapshots
 
+        if self._anatomy is not None:
+            with self._steps.lock:
+                self._anatomy.add_workers(snapshots)
         try:
             report = None if self._strict else self._report
             return merge_snapshots(snapshots, self._reductions, prefix, report=report)
@@ -113,6 +125,18 @@ class Intake:
                 raise MetricError("<log_worker_metrics>", f"{type(exc).__name__}: {exc}") from exc
             self._report("<log_worker_metrics>", f"failed: {type(exc).__name__}: {exc}")
         return None
+
+    def _anatomy_rows(self, step: int) -> Mapping[str, Any]:
+        """The sealed step's ``anatomy/*`` rows, their keys claimed as any logged key's are
+        (step lock held)."""
+        assert self._anatomy is not None
+        rows = self._anatomy.rows()
+        new = rows.keys() - self._known
+        if new:
+            self._register(set(new), rows, ANATOMY)
+        if self._side_readers:
+            self._latest.update(rows)
+        return rows
 
     def timer(self, name: str) -> Timer:
         try:
@@ -154,7 +178,9 @@ class Intake:
                 self._report(key, "key skipped: it holds a lone surrogate, which no "
                              "tracker can store (decode its bytes with errors='replace')")
 
-    def _register(self, new: set[str], fresh: Mapping[str, Any]) -> None:
+    def _register(
+        self, new: set[str], fresh: Mapping[str, Any], family: Metric | None = None
+    ) -> None:
         for key in new:
             try:
                 name = self._keys.claim(key, "gauge")
@@ -165,7 +191,12 @@ class Intake:
                 continue
             self._known.add(key)
             if self._side_readers and type(fresh[key]) is float:
-                self._side_meter.create_observable_gauge(name, callbacks=[self._observe(key)])
+                if family is None:
+                    self._side_meter.create_observable_gauge(name, callbacks=[self._observe(key)])
+                else:  # one of otel-rl's own rows: its description from the catalogue
+                    member = key.split("/", 1)[1]
+                    family.create(self._side_meter, [self._observe(key)], name=name,
+                                  description=family.member(member)[1])  # fmt: skip
 
     def _observe(self, key: str) -> Callable[[Any], list[Observation]]:
         latest = self._latest

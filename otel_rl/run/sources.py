@@ -105,7 +105,8 @@ class RunSources:
         from otel_rl.watch.run_watch import OtlpLogRecords, RunWatch
 
         otlp = cfg["otlp"] if cfg["otlp"]["enabled"] else None
-        gpu, pipeline = self.gpu_monitor, self._pipeline
+        gpu, pipeline, rollout = self.gpu_monitor, self._pipeline, self.rollout_monitor
+        engines = None if rollout is None else rollout.engine_states
         watch = RunWatch(
             run_id=self._run_id,
             log_dir=log_dir,
@@ -114,6 +115,7 @@ class RunSources:
             step_spans=step_spans,
             log_records=OtlpLogRecords(otlp, pipeline.resource) if otlp else None,
             gpu_latest=(lambda: gpu.scraper.latest) if gpu is not None else None,
+            engines=engines,
         )
         if pipeline.has_side_readers:
             from otel_rl.core.catalogue import SECONDS_SINCE_STEP, STALLED

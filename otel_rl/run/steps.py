@@ -46,6 +46,9 @@ class StepAssembler:
     ) -> None:
         self.lock = threading.RLock()
         self.on_seal: list[Callable[[int], None]] = []
+        #: Rows derived from the step as it is sealed (its anatomy), given the step number; the
+        #: application's own value of a key wins.
+        self.before_seal: Callable[[int], Mapping[str, Any]] | None = None
         self.closed = False
         self._send = send
         self._take_otel = take_otel
@@ -131,6 +134,9 @@ class StepAssembler:
                         "value and do not name their step's trace (tracing.enabled)",
                         TRACE_ID_KEY,
                     )
+        if self.before_seal is not None:
+            for key, value in self.before_seal(step).items():
+                self._values.setdefault(key, value)
         for hook in self.on_seal:
             hook(step)
         batch = StepBatch(

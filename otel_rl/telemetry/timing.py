@@ -11,6 +11,7 @@ import functools
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -23,49 +24,196 @@ TIMING_BUCKETS = (
 )  # fmt: skip
 
 
-# ---- the timers open right now (read by the stall report) ---------------------------------------
+# ---- the timers open right now, and where each thread's time went ------------------------------
 #
-# One list per thread, outermost first: ``(name, monotonic start, owner)``, the owner a weak
-# reference to the object that will stop the timer (``None``: a block that always ends). Each list
-# is appended to and popped only by its own thread; the stall watchdog copies them from another.
-_open_timers: dict[int, list[tuple[str, float, Any]]] = {}
+# A phase clock keeps, per thread, the stack of open timers and the exclusive seconds of each timer
+# path (the names of the open timers joined by "/", outermost first): at each start and stop the
+# interval since the previous one is charged to the path that was innermost then ("" when no timer
+# was open). Stacks and totals are changed only by their own thread; other threads copy them. A
+# stack entry is ``(name, monotonic start, owner, path)``, the owner a weak reference to the object
+# that will stop the timer (``None``: a block that always ends).
+
+#: Completed uses of a path whose durations :func:`phase_history` keeps.
+HISTORY = 20
+#: Names in a timer path at most: a timer opened deeper is counted in the deepest path.
+MAX_DEPTH = 8
+
+
+class _ThreadPhases:
+    __slots__ = ("events", "since", "stack", "top", "totals")
+
+    def __init__(self, now: float) -> None:
+        self.stack: list[tuple[str, float, Any, str]] = []
+        self.totals: dict[str, float] = {}
+        self.since = now
+        self.top = ""
+        #: Starts and stops so far: equal counts mean equal ``totals``.
+        self.events = 0
+
+    def charge(self, now: float) -> None:
+        totals, top = self.totals, self.top
+        totals[top] = totals.get(top, 0.0) + (now - self.since)
+        self.since = now
+        self.events += 1
+
+
+class PhaseClock:
+    """Where the time of each thread went, by timer path (exclusive seconds), and the timers open
+    now. The process has one (:data:`PROCESS_CLOCK`, fed by every timer); a ``WorkerMetrics`` has
+    its own, fed by its timers only, so that a worker run inside the driver's process counts only
+    its own time."""
+
+    def __init__(self, history: bool = False) -> None:
+        self._threads: dict[int, _ThreadPhases] = {}
+        self._history: dict[str, deque[float]] | None = {} if history else None
+
+    def open(self, name: str, owner: Any = None) -> None:
+        now = time.monotonic()
+        ident = threading.get_ident()
+        state = self._threads.get(ident)
+        if state is None:
+            state = self._threads[ident] = _ThreadPhases(now)
+        elif state.stack:
+            _drop_orphans(state, now)
+        state.charge(now)
+        top = state.top
+        if not top:
+            path = name
+        elif top == name or top.endswith("/" + name) or top.count("/") >= MAX_DEPTH - 1:
+            # a timed function that calls itself is one phase, not a path per depth; and a path
+            # is at most MAX_DEPTH names (a tracker's key has a length limit)
+            path = top
+        else:
+            path = f"{top}/{name}"
+        state.top = path
+        state.stack.append((name, now, None if owner is None else weakref.ref(owner), path))
+
+    def close(self, name: str) -> None:
+        """The timer ``name`` stopped: usually this thread's innermost one; stopped out of order,
+        the latest of that name; stopped on another thread, the latest of that name anywhere."""
+        now = time.monotonic()
+        state = self._threads.get(threading.get_ident())
+        if state is not None and state.stack and state.stack[-1][0] == name:
+            self._stopped(state, len(state.stack) - 1, now)
+            return
+        for candidate in ([state] if state is not None else []) + list(self._threads.values()):
+            stack = candidate.stack
+            for index in range(len(stack) - 1, -1, -1):
+                if stack[index][0] == name:
+                    self._stopped(candidate, index, now)
+                    return
+
+    def _stopped(self, state: _ThreadPhases, index: int, now: float) -> None:
+        state.charge(now)
+        _, start, _, path = state.stack.pop(index)
+        state.top = state.stack[-1][3] if state.stack else ""
+        history = self._history
+        if history is not None:
+            recent = history.get(path)
+            if recent is None:
+                recent = history.setdefault(path, deque(maxlen=HISTORY))
+            recent.append(now - start)
+
+    def open_stacks(self) -> dict[int, list[tuple[str, float, str]]]:
+        """``{thread ident: [(name, monotonic start, path), ...]}`` of the live threads with
+        open timers whose owner still lives, outermost first (a copy)."""
+        live = {t.ident for t in threading.enumerate()}
+        for ident in [i for i in list(self._threads) if i not in live]:
+            self._threads.pop(ident, None)  # a thread that died (inside a timer or not)
+        return {
+            ident: held
+            for ident, state in list(self._threads.items())
+            if (held := [(n, at, path) for n, at, owner, path in list(state.stack)
+                         if owner is None or owner()])
+        }  # fmt: skip
+
+    def history(self, path: str) -> tuple[float, ...]:
+        recent = None if self._history is None else self._history.get(path)
+        return tuple(recent) if recent else ()
+
+    def reading(self, ident: int) -> tuple[int, dict[str, float], str, float] | None:
+        """``(events, totals, innermost path, since)`` of a thread, ``totals`` itself, not a copy
+        (copy it at once: ``dict(totals)`` is atomic), or ``None`` if it never timed anything."""
+        state = self._threads.get(ident)
+        if state is None:
+            return None
+        if state.stack and ident == threading.get_ident():
+            _drop_orphans(state, time.monotonic())
+        return state.events, state.totals, state.top, state.since
+
+    def threads(self) -> list[int]:
+        """The threads that have timed something."""
+        return list(self._threads)
+
+    def take(self) -> dict[str, float]:
+        """Exclusive seconds by path, over every thread, since the previous ``take`` (for one
+        reader: a ``WorkerMetrics`` snapshot)."""
+        now = time.monotonic()
+        out: dict[str, float] = {}
+        for state in list(self._threads.values()):
+            totals, top, since = state.totals, state.top, state.since
+            state.totals = {}
+            totals[top] = totals.get(top, 0.0) + (now - since)
+            state.since = now
+            for path, spent in totals.items():
+                if path:
+                    out[path] = out.get(path, 0.0) + spent
+        return out
+
+    def after_fork(self) -> None:
+        """The parent's other threads do not exist in a fork child: neither do their timers."""
+        ident = threading.get_ident()
+        for other in [i for i in self._threads if i != ident]:
+            self._threads.pop(other, None)
+
+
+def _drop_orphans(state: _ThreadPhases, now: float) -> None:
+    """Forget the open timers whose owner is gone: they can never stop, and must not be charged
+    the thread's time from now on."""
+    stack = state.stack
+    if all(owner is None or owner() is not None for _, _, owner, _ in stack):
+        return
+    state.charge(now)
+    stack[:] = [entry for entry in stack if entry[2] is None or entry[2]() is not None]
+    state.top = stack[-1][3] if stack else ""
+
+
+#: The clock every timer of this process feeds (the stall watchdog and the step anatomy read it).
+PROCESS_CLOCK = PhaseClock(history=True)
 
 
 def timer_opened(name: str, owner: Any = None) -> None:
     """A timer named ``name`` started on this thread; ``owner``, when given, stops it (a timer
     whose owner is gone can never stop, and is no longer listed as open)."""
-    ident = threading.get_ident()
-    stack = _open_timers.get(ident)
-    if stack is None:
-        stack = _open_timers[ident] = []
-    stack.append((name, time.monotonic(), None if owner is None else weakref.ref(owner)))
+    PROCESS_CLOCK.open(name, owner)
 
 
 def timer_closed(name: str) -> None:
-    """That timer stopped (usually the innermost one; stopped out of order, the latest of that
-    name; stopped on another thread, the latest of that name anywhere)."""
-    stack = _open_timers.get(threading.get_ident())
-    if stack and stack[-1][0] == name:
-        stack.pop()
-        return
-    for candidate in ([stack] if stack else []) + list(_open_timers.values()):
-        for index in range(len(candidate) - 1, -1, -1):
-            if candidate[index][0] == name:
-                del candidate[index]
-                return
+    """That timer stopped (see :meth:`PhaseClock.close`)."""
+    PROCESS_CLOCK.close(name)
 
 
 def open_timers() -> dict[int, list[tuple[str, float]]]:
     """``{thread ident: [(name, monotonic start), ...]}`` of the live threads with open timers,
     outermost first (a copy)."""
-    live = {t.ident for t in threading.enumerate()}
-    for ident in [i for i in list(_open_timers) if i not in live]:
-        _open_timers.pop(ident, None)  # a thread that died inside a timer
     return {
-        ident: held
-        for ident, stack in list(_open_timers.items())
-        if (held := [(n, at) for n, at, owner in list(stack) if owner is None or owner()])
+        ident: [(name, at) for name, at, _ in stack]
+        for ident, stack in PROCESS_CLOCK.open_stacks().items()
     }
+
+
+def open_phases() -> dict[int, list[tuple[str, float]]]:
+    """``{thread ident: [(path, monotonic start), ...]}``: the open timers by path."""
+    return {
+        ident: [(path, at) for _, at, path in stack]
+        for ident, stack in PROCESS_CLOCK.open_stacks().items()
+    }
+
+
+def phase_history(path: str) -> tuple[float, ...]:
+    """Durations (seconds) of the last :data:`HISTORY` completed uses of ``path`` in this
+    process, oldest first."""
+    return PROCESS_CLOCK.history(path)
 
 
 class Timer:
@@ -74,12 +222,13 @@ class Timer:
     ``record`` is the histogram's ``record``. Nested and concurrent uses of one Timer object
     each measure their own interval. With a ``tracer`` each use is also an OTel span named
     ``span_name``, a child of whatever span is current (so nested timers nest), whose duration
-    is exactly the recorded value; without one the only extra cost is a ``None`` check.
+    is exactly the recorded value; without one the only extra cost is a ``None`` check. Every
+    use feeds the process's :data:`PROCESS_CLOCK`, and ``clock`` too when given (a worker's own).
     """
 
     __slots__ = (
-        "__weakref__", "_attributes", "_name", "_record", "_span_name", "_spans", "_starts",
-        "_tracer",
+        "__weakref__", "_attributes", "_clock", "_name", "_record", "_span_name", "_spans",
+        "_starts", "_tracer",
     )  # fmt: skip
 
     def __init__(
@@ -89,8 +238,10 @@ class Timer:
         span_name: str = "",
         attributes: Mapping[str, Any] | None = None,
         name: str = "",
+        clock: PhaseClock | None = None,
     ) -> None:
         self._name = name or span_name or "timer"
+        self._clock = clock
         self._record = record
         self._starts: list[float] = []
         self._tracer = tracer
@@ -105,29 +256,34 @@ class Timer:
             )
             self._spans.append((scope, scope.__enter__()))
         timer_opened(self._name, self)
+        if self._clock is not None:
+            self._clock.open(self._name, self)
         self._starts.append(time.perf_counter())
         return self
 
     def __exit__(self, *exc: Any) -> None:
         elapsed = time.perf_counter() - self._starts.pop()
         timer_closed(self._name)
+        if self._clock is not None:
+            self._clock.close(self._name)
         self._record(elapsed)
         if self._spans is not None:
             scope, span = self._spans.pop()
             _end_span(scope, span, elapsed, exc)
 
     def __call__(self, fn: F) -> F:
-        record, label = self._record, self._name
+        record, label, clock = self._record, self._name, self._clock
+        opened, closed = _clock_hooks(clock)
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            timer_opened(label)
+            opened(label)
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 record(time.perf_counter() - start)
-                timer_closed(label)
+                closed(label)
 
         if self._tracer is None:
             return timed  # type: ignore[return-value]
@@ -137,7 +293,7 @@ class Timer:
         def traced(*args: Any, **kwargs: Any) -> Any:
             scope = tracer.start_as_current_span(name, attributes=attributes, end_on_exit=False)
             span = scope.__enter__()
-            timer_opened(label)
+            opened(label)
             start = time.perf_counter()
             exc: tuple[Any, Any, Any] = (None, None, None)
             try:
@@ -148,10 +304,29 @@ class Timer:
             finally:
                 elapsed = time.perf_counter() - start
                 record(elapsed)
-                timer_closed(label)
+                closed(label)
                 _end_span(scope, span, elapsed, exc)
 
         return traced  # type: ignore[return-value]
+
+
+def _clock_hooks(
+    clock: PhaseClock | None,
+) -> tuple[Callable[[str], None], Callable[[str], None]]:
+    """What a decorated function calls at its start and stop: the process clock's hooks, and
+    ``clock``'s too when given."""
+    if clock is None:
+        return timer_opened, timer_closed
+
+    def opened(name: str) -> None:
+        timer_opened(name)
+        clock.open(name)
+
+    def closed(name: str) -> None:
+        timer_closed(name)
+        clock.close(name)
+
+    return opened, closed
 
 
 def _end_span(scope: Any, span: Any, elapsed: float, exc: tuple[Any, ...]) -> None:
@@ -177,7 +352,9 @@ class TimerFactory:
         keys: Any,
         tracer: Any = None,
         span_attributes: Mapping[str, Any] | None = None,
+        clock: PhaseClock | None = None,
     ) -> None:
+        self._clock = clock
         self._meter = meter
         self._keys = keys
         self._tracer = tracer
@@ -198,8 +375,8 @@ class TimerFactory:
             )
             record = self._records[name] = histogram.record
         if self._tracer is None:
-            return Timer(record, name=name)
-        return Timer(record, self._tracer, name, self._span_attributes)
+            return Timer(record, name=name, clock=self._clock)
+        return Timer(record, self._tracer, name, self._span_attributes, clock=self._clock)
 
 
 # ---- spans of timers that belong to no Logger (the NeMo RL and verl drop-ins' timers) ----------
@@ -240,10 +417,7 @@ def drop_step_tracers_after_fork() -> None:
     _deferred_lock = threading.Lock()
     _step_tracers = ()
     _deferred.clear()
-    # the parent's other threads do not exist in the child: neither do their open timers
-    ident = threading.get_ident()
-    for other in [i for i in _open_timers if i != ident]:
-        _open_timers.pop(other, None)
+    PROCESS_CLOCK.after_fork()
 
 
 def set_process_tracer(lookup: Callable[[], Any] | None) -> None:

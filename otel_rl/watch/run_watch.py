@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import datetime
 import sys
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from otel_rl.watch.stalls import (
     seconds,
     thread_stacks,
 )
-from otel_rl.watch.stragglers import Straggler, StragglerWatch
+from otel_rl.watch.stragglers import SLOWEST_SUFFIX, Straggler, StragglerWatch
 
 __all__ = ["STALL_SECONDS_KEY", "RunWatch"]
 
@@ -38,6 +39,8 @@ __all__ = ["STALL_SECONDS_KEY", "RunWatch"]
 STALL_SECONDS_KEY = "stall/seconds"
 STALL_EVENT = "otel_rl/stall"
 STRAGGLER_EVENT = "otel_rl/straggler"
+#: Finished steps whose wall times are kept (more than any straggler window needs).
+KEPT_WALLS = 1024
 
 
 class RunWatch:
@@ -45,7 +48,8 @@ class RunWatch:
 
     ``send`` queues a record for the trackers; ``step_spans`` (tracing) gets span events;
     ``log_records`` (OTLP) emits OTel log records; ``gpu_latest`` returns the GPU bridge's last
-    readings by node.
+    readings by node; ``engines`` the rollout monitor's engines as of its latest scrape
+    (:meth:`otel_rl.rollout.monitor.RolloutMonitor.engine_states`).
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class RunWatch:
         step_spans: Any = None,
         log_records: Any = None,
         gpu_latest: Callable[[], Mapping[int, Any]] | None = None,
+        engines: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
     ) -> None:
         self.run_id = run_id
         self.report_dir = log_dir / "stalls"
@@ -65,16 +70,26 @@ class RunWatch:
         self._step_spans = step_spans
         self._log_records = log_records
         self._gpu_latest = gpu_latest
+        self._engines = engines
         self._stacks_timeout = float(section["stacks_timeout"])
         self.last_call: float | None = None
         self._step: int | None = None
         self._step_starts: deque[float] = deque(maxlen=32)
+        # A step's wall time runs from the last call of the step before (the run's start for
+        # the first) to its own last call; finished steps' are kept for the straggler window.
+        self._previous_end = time.monotonic()
+        self._walls: deque[tuple[int | None, float]] = deque(maxlen=KEPT_WALLS)
         self._watched: list[str] = []
         self.stragglers = StragglerWatch(
-            int(section["straggler_window"]), self._on_straggler, float(section["straggler_skew"])
-        )
+            int(section["straggler_window"]), self._on_straggler, float(section["straggler_skew"]),
+            walls=self._step_walls,
+        )  # fmt: skip
+        if self.stragglers.window > KEPT_WALLS // 2:
+            self._walls = deque(maxlen=2 * self.stragglers.window)
         self.watchdog: StallWatchdog | None = None
         if section["enabled"]:
+            from otel_rl.telemetry.timing import open_phases, phase_history
+
             self.watchdog = StallWatchdog(
                 run_id=run_id,
                 report_dir=self.report_dir,
@@ -84,6 +99,9 @@ class RunWatch:
                 gather=self._gather,
                 on_stall=self._on_stall,
                 on_end=self._on_end,
+                phase_after=float(section["phase_after"]),
+                phases=open_phases,
+                history=phase_history,
             )
             self.watchdog.start()
 
@@ -93,10 +111,14 @@ class RunWatch:
         """A ``log_metrics`` call at ``step`` with ``values`` (added to: ``stall/seconds`` at
         the first call after a stall)."""
         now = time.monotonic()
-        self.last_call = now
         if step != self._step:
+            last = self.last_call
+            if last is not None:  # the step before has ended: its wall time
+                self._walls.append((self._step, last - self._previous_end))
+                self._previous_end = last
             self._step = step
             self._step_starts.append(now)
+        self.last_call = now
         watchdog = self.watchdog
         if watchdog is not None and watchdog.current is not None:
             report = watchdog.current
@@ -123,8 +145,24 @@ class RunWatch:
         for key in keys:
             rank = values.get(key)
             if type(rank) is float:
-                skew = values.get(key[: -len("slowest_rank")] + "skew")
-                self.stragglers.observe(step, key, rank, skew if type(skew) is float else None)
+                timing = key[: -len(SLOWEST_SUFFIX)]
+                skew, spent = values.get(timing + "/skew"), values.get(timing)
+                self.stragglers.observe(step, key, rank, skew if type(skew) is float else None,
+                                        spent if type(spent) is float else None)  # fmt: skip
+
+    def _step_walls(self, steps: Sequence[int]) -> dict[int, float]:
+        """The wall time of each of ``steps`` known (the current one's: so far), from the calls'
+        stamps: what the step's ``anatomy/wall/seconds`` row says, as it is measured the same
+        way."""
+        walls = dict(self._walls)
+        out: dict[int, float] = {}
+        for step in steps:
+            wall = walls.get(step)
+            if wall is None and step == self._step and self.last_call is not None:
+                wall = self.last_call - self._previous_end
+            if wall is not None:
+                out[step] = wall
+        return out
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop watching: a stall's end still pending is told first (to the trackers, which
@@ -178,6 +216,32 @@ class RunWatch:
         ]
         stamp = datetime.datetime.fromtimestamp(report.began, datetime.timezone.utc)
         report.nccl = nccl_flight_recorder(self.report_dir, f"{stamp:%Y%m%dT%H%M%SZ}")
+        report.verdict = self._verdict(report, skip, max(1.0, deadline - time.monotonic()))
+
+    def _verdict(self, report: StallReport, skip: int | None, timeout: float) -> dict[str, Any]:
+        """The chain the run waits on; what failed to be known is said in it, never raised.
+
+        Built on a thread of its own, waited for ``timeout`` seconds and one more: reading the
+        application's objects (a queue's size, an argument's text) runs their code, which may
+        block, and the watchdog must outlive it to report this stall and the next ones."""
+        from otel_rl.watch.verdict import build_verdict
+
+        built: list[dict[str, Any]] = []
+
+        def build() -> None:
+            try:
+                verdict = build_verdict(report, timeout=timeout, engines=self._engines, skip=skip)
+                built.append(verdict.to_json())
+            except Exception as exc:  # the rest of the report stands without it
+                built.append(_no_verdict(f"building it failed ({type(exc).__name__}: {exc})"))
+
+        builder = threading.Thread(target=build, name="otel-rl-verdict", daemon=True)
+        builder.start()
+        builder.join(timeout + 1.0)
+        if built:
+            return built[0]
+        return _no_verdict(f"building it took longer than {timeout + 1.0:.0f} s (a call it made "
+                           "into the application's objects did not return)")  # fmt: skip
 
     def _on_stall(self, report: StallReport) -> None:
         _log.warning("otel-rl: %s", report.summary)
@@ -222,6 +286,11 @@ class RunWatch:
                 deliver()
             except Exception as exc:  # one output failing must not silence the others
                 _log.warning("otel-rl: could not report %s: %s", name, exc)
+
+
+def _no_verdict(why: str) -> dict[str, Any]:
+    text = f"no verdict: {why}"
+    return {"text": text, "chain": [], "missing": [text]}
 
 
 def _ended_text(length: float) -> str:

@@ -3,15 +3,19 @@
 The training thread only stamps the time of each ``log_metrics`` call and of each new step
 (:class:`~otel_rl.run.steps.StepAssembler`). A :class:`StallWatchdog` (one daemon thread) reads
 those stamps: when no call came for longer than ``max(stalls.after, stalls.factor * median step time
-of the recent steps)``, the run is *stalled*. It then writes ``<log_dir>/stalls/<step>-<time>.txt``
-and a ``.json`` twin holding: the last step and how long ago, the timers open on every thread
-(outermost first), the Python stack of every thread, the stacks of the run's Ray actors (Ray's
-state API for the pids, ``py-spy`` for the stacks, within ``stalls.stacks_timeout``; the reason is
-written when they cannot be had), the timers open in workers that reported them, the last GPU
-readings of the GPU bridge, the ranks that keep being the slowest, and PyTorch's NCCL flight
-recorder dump of this process when it is on. Whoever watches is told through ``on_stall`` (the
-Logger: gauges, an event to every output, one warning); when the next step comes, through
-``on_end`` (the stall's length), and "stall ended" is added to the report.
+of the recent steps)``, or a timer path has been open with no call for longer than its
+:func:`phase_deadline` (``max(stalls.phase_after, stalls.factor * p95 of its recent uses)``), the
+run is *stalled*. It then writes ``<log_dir>/stalls/<step>-<time>.txt``
+and a ``.json`` twin holding: the verdict (one sentence naming what the run waits for, down to
+what is stuck: :mod:`otel_rl.watch.verdict`), the last step and how long ago, the timers open on
+every thread (outermost first), the Python stack of every thread, the stacks of the run's Ray
+actors (Ray's state API for the pids, ``py-spy`` for the stacks, within
+``stalls.stacks_timeout``; the reason is written when they cannot be had), the timers open in
+workers that reported them, the last GPU readings of the GPU bridge, the ranks that keep being
+the slowest, and PyTorch's NCCL flight recorder dump of this process when it is on. Whoever
+watches is told through ``on_stall`` (the Logger: gauges, an event to every output, one
+warning); when the next step comes, through ``on_end`` (the stall's length), and "stall ended"
+is added to the report.
 
 Nothing here runs on the training thread, and a failure to gather one part of the report is
 written into the report instead of it.
@@ -37,7 +41,10 @@ from typing import Any
 
 from otel_rl.process.fork_safe_log import log as _log
 
-__all__ = ["StallReport", "StallWatchdog", "stall_threshold"]
+__all__ = [
+    "OpenPhase", "StallReport", "StallWatchdog", "overdue_phase", "phase_deadline",
+    "stall_threshold",
+]  # fmt: skip
 
 #: Steps whose durations make the "median step time" of the threshold.
 RECENT_STEPS = 20
@@ -56,6 +63,82 @@ def stall_threshold(after: float, factor: float, step_starts: Sequence[float]) -
     if not durations:
         return after
     return max(after, factor * statistics.median(durations))
+
+
+def p95(durations: Sequence[float]) -> float:
+    """The 95th percentile of ``durations`` (linear between the two nearest ranks; the value
+    itself for one)."""
+    ordered = sorted(durations)
+    position = 0.95 * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def phase_deadline(after: float, factor: float, durations: Sequence[float]) -> float | None:
+    """Seconds a timer path may stay open with no step logged: ``max(after, factor * p95 of its
+    recent completed uses)``; ``None`` for a path never completed (the step-level threshold
+    alone watches it)."""
+    if not durations:
+        return None
+    return max(after, factor * p95(durations))
+
+
+@dataclass(frozen=True)
+class OpenPhase:
+    """A timer path open on one thread, and its deadline."""
+
+    thread: int
+    path: str
+    #: Monotonic time since which it has been open with no step logged: its start, or the last
+    #: ``log_metrics`` call when that came later (a timer around the logging call is not stuck
+    #: while steps come).
+    since: float
+    deadline: float
+    p95: float
+    uses: int
+
+    @property
+    def due(self) -> float:
+        """Monotonic time it becomes a stall."""
+        return self.since + self.deadline
+
+    def reason(self, after: float, factor: float, now: float, thread: str) -> str:
+        return (
+            f"phase {self.path} ({thread}) open {now - self.since:.1f} s without a step: its "
+            f"deadline max(phase_after {after:g} s, factor {factor:g} x p95 {self.p95:.3g} s of "
+            f"its last {self.uses} uses)"
+        )
+
+
+def open_phases_with_deadlines(
+    after: float,
+    factor: float,
+    phases: Mapping[int, Sequence[tuple[str, float]]],
+    history: Callable[[str], Sequence[float]],
+    last_call: float | None,
+) -> list[OpenPhase]:
+    """The open timer paths (``phases``: per thread, ``(path, monotonic start)``) that have a
+    deadline, innermost first on each thread."""
+    out: list[OpenPhase] = []
+    for thread, stack in phases.items():
+        for path, started in reversed(stack):
+            durations = history(path)
+            deadline = phase_deadline(after, factor, durations)
+            if deadline is None:
+                continue
+            since = started if last_call is None else max(started, last_call)
+            out.append(OpenPhase(thread, path, since, deadline, p95(durations), len(durations)))
+    return out
+
+
+def overdue_phase(watched: Sequence[OpenPhase], now: float) -> OpenPhase | None:
+    """The phase to blame among those past their deadline at ``now``: the innermost (the run is
+    stuck in ``step/generation`` rather than in ``step``), then the one furthest past it."""
+    late = [phase for phase in watched if now > phase.due]
+    if not late:
+        return None
+    return max(late, key=lambda p: (p.path.count("/"), (now - p.since) / p.deadline))
 
 
 @dataclass
@@ -79,10 +162,13 @@ class StallReport:
     ended: dict[str, Any] | None = None
     #: Monotonic time of the last ``log_metrics`` call before the stall.
     last_call: float = 0.0
+    #: What the run waits for (:mod:`otel_rl.watch.verdict`): ``{text, chain, missing}``.
+    verdict: dict[str, Any] | None = None
 
     @property
     def summary(self) -> str:
-        """One paragraph: how long, since which step, inside which timers."""
+        """One paragraph: the verdict's sentence, then how long, since which step, inside which
+        timers."""
         last = "no step logged yet" if self.step is None else f"last step {self.step}"
         where = "; ".join(
             f"{thread}: {' > '.join(t['name'] for t in timers)}"
@@ -93,6 +179,8 @@ class StallReport:
             f"run {self.run_id} stalled: no step for {seconds(self.since_step)} ({last}; "
             f"threshold {seconds(self.threshold)})"
         )
+        if self.verdict is not None:
+            text = f"{self.verdict['text']}. {text[0].upper()}{text[1:]}"
         if where:
             text += f"; open timers: {where}"
         if self.stragglers:
@@ -116,13 +204,19 @@ class StallReport:
             "workers": self.workers,
             "gpus": self.gpus,
             "stragglers": self.stragglers,
+            "verdict": self.verdict,
             "nccl_flight_recorder": self.nccl,
             "ended": self.ended,
         }
 
     def to_text(self) -> str:
-        lines = [
-            "otel-rl stall report",
+        lines = ["otel-rl stall report"]
+        if self.verdict is not None:
+            from otel_rl.watch.verdict import chain_lines
+
+            lines += [f"verdict: {self.verdict['text']}", "how it is known:"]
+            lines += [*chain_lines(self.verdict), ""]
+        lines += [
             f"run {self.run_id}, pid {os.getpid()} on {socket.gethostname()}",
             f"stalled at {_iso(self.began)}: no step logged for {self.since_step:.1f} s "
             f"(threshold {self.threshold:.1f} s = {self.threshold_reason})",
@@ -163,6 +257,12 @@ class StallWatchdog:
     ``activity`` returns ``(last_call, last_step, step_starts)``: the monotonic time of the last
     ``log_metrics`` call (``None``: none yet), the last step logged, and the monotonic times
     recent steps began. ``gather`` fills a report's parts (called on this thread).
+
+    With ``phases`` (the open timer paths per thread, :func:`otel_rl.telemetry.timing.open_phases`)
+    and ``history`` (a path's recent durations, :func:`~otel_rl.telemetry.timing.phase_history`),
+    a timer path open with no step logged for longer than its :func:`phase_deadline` is a stall
+    too, reported at that moment; the step-level threshold still watches code outside timers and
+    paths never completed.
     """
 
     def __init__(
@@ -177,11 +277,19 @@ class StallWatchdog:
         on_stall: Callable[[StallReport], None],
         on_end: Callable[[StallReport, float], None],
         started: float | None = None,
+        phase_after: float = 30.0,
+        phases: Callable[[], Mapping[int, Sequence[tuple[str, float]]]] | None = None,
+        history: Callable[[str], Sequence[float]] | None = None,
     ) -> None:
         self.run_id = run_id
         self.report_dir = report_dir
         self.after = float(after)
         self.factor = float(factor)
+        self.phase_after = float(phase_after)
+        self._phases = phases
+        self._history = history
+        #: Monotonic time the next open phase passes its deadline, as of the last look.
+        self._due: float | None = None
         self._activity = activity
         self._gather = gather
         self._on_stall = on_stall
@@ -219,6 +327,7 @@ class StallWatchdog:
     def check(self) -> StallReport | None:
         """One look (the thread calls it; tests may too): hand on a stall that ended, or begin
         one. Returns the stall begun by this look, if any."""
+        self._due = None
         with self._lock:
             ended, self._ended = self._ended, None
         if ended is not None:
@@ -226,11 +335,29 @@ class StallWatchdog:
         if self.current is not None:
             return None
         last, step, starts = self._activity()
-        since = time.monotonic() - (self._started if last is None else last)
+        now = time.monotonic()
+        since = now - (self._started if last is None else last)
+        phase = self._overdue(last, now)
+        if phase is not None:
+            self._due = None
+            thread = thread_names().get(phase.thread, f"thread {phase.thread}")
+            reason = phase.reason(self.phase_after, self.factor, now, thread)
+            return self._begin(step, since, phase.deadline, reason)
         threshold = stall_threshold(self.after, self.factor, starts)
         if since <= threshold:
             return None
-        return self._begin(step, since, threshold, starts)
+        self._due = None
+        return self._begin(step, since, threshold, self._step_reason(starts))
+
+    def _overdue(self, last: float | None, now: float) -> OpenPhase | None:
+        """The open phase past its deadline, if any; notes when the next one will be."""
+        if self._phases is None or self._history is None:
+            return None
+        watched = open_phases_with_deadlines(
+            self.phase_after, self.factor, self._phases(), self._history, last
+        )
+        self._due = min((p.due for p in watched if p.due >= now), default=None)
+        return overdue_phase(watched, now)
 
     def resumed(self) -> float | None:
         """Called on the training thread by the first ``log_metrics`` after a stall: the stall's
@@ -248,7 +375,7 @@ class StallWatchdog:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self._period())
+            self._wake.wait(self._wait())
             self._wake.clear()
             try:
                 self.check()
@@ -260,15 +387,24 @@ class StallWatchdog:
             self._finish(*ended)
 
     def _period(self) -> float:
-        # Often enough to notice within a few percent of `after`, never busy.
-        return min(5.0, max(0.05, self.after / 8))
+        # Often enough to notice within a few percent of `after`, never busy; and to see a
+        # phase well before its deadline (at least `phase_after` away), then wake when it is due.
+        shortest = self.after if self._phases is None else min(self.after, self.phase_after)
+        return min(5.0, max(0.05, shortest / 8))
 
-    def _begin(
-        self, step: int | None, since: float, threshold: float, starts: Sequence[float]
-    ) -> StallReport:
+    def _wait(self) -> float:
+        period = self._period()
+        due = self._due
+        if due is None:
+            return period
+        return min(period, max(0.01, due - time.monotonic() + 0.01))
+
+    def _step_reason(self, starts: Sequence[float]) -> str:
         reason = f"max(after {self.after:g} s, factor {self.factor:g} x median step "
         durations = [b - a for a, b in itertools.pairwise(starts)][-RECENT_STEPS:]
-        reason += f"{statistics.median(durations):.3g} s)" if durations else "n/a)"
+        return reason + (f"{statistics.median(durations):.3g} s)" if durations else "n/a)")
+
+    def _begin(self, step: int | None, since: float, threshold: float, reason: str) -> StallReport:
         report = StallReport(self.run_id, step, time.time(), since, threshold, reason)
         report.last_call = time.monotonic() - since
         try:

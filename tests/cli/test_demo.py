@@ -41,6 +41,21 @@ def test_demo_runs_and_writes_every_output(tmp_path):
         assert m["train/reward/min"] <= m["train/reward/mean"] <= m["train/reward/max"]
         assert m["timing/generation"] > 0.003 and m["timing/train"] > 0.002
         assert {"train/loss", "train/kl", "train/response_length/p90"} <= set(m)
+        # where the step went: the phases and untimed add up to the step's wall time
+        phases = {k: v for k, v in m.items() if k.startswith("anatomy/") and
+                  k.endswith("/seconds") and k.split("/")[1] not in ("critical", "wall", "untimed")}
+        assert set(phases) == {"anatomy/generation/seconds", "anatomy/reward/seconds",
+                               "anatomy/train/seconds", "anatomy/train/worker_step/seconds"}
+        assert phases["anatomy/generation/seconds"] >= 0.004  # its sleep
+        assert phases["anatomy/train/worker_step/seconds"] >= 0.0045  # the two workers' sleeps
+        assert sum(phases.values()) + m["anatomy/untimed/seconds"] == pytest.approx(
+            m["anatomy/wall/seconds"], rel=1e-6
+        )
+        assert 0 < m["anatomy/trainer/busy_fraction"] < 1
+        if m["train/timing/worker_step/skew"] > 1.05:  # the rank slowest at its one timer
+            assert m["anatomy/trainer/busiest_rank"] == m["train/timing/worker_step/slowest_rank"]
+    assert rows[0]["metrics"]["anatomy/critical_path"].startswith("driver:")
+    assert f"where steps went: otel-rl why {run}" in out.stdout
     # loss falls, reward mean rises (noisy per step, clear over the run)
     assert rows[-1]["metrics"]["train/loss"] < rows[0]["metrics"]["train/loss"]
 

@@ -137,7 +137,13 @@ def test_grpo_script_writes_nemo_rl_tags_and_values(log_dir):
     assert collections >= 3
 
     scalars = tensorboard_scalars(log_dir / "tensorboard")
-    training = {tag: points for tag, points in scalars.items() if not tag.startswith("ray/")}
+    training = {tag: points for tag, points in scalars.items()
+                if not tag.startswith(("ray/", "anatomy/"))}  # fmt: skip
+    # NeMo RL's own Timer is the steps' phases: generation, inside total_step_time
+    generation = scalars["anatomy/total_step_time/generation/seconds"]
+    logged = sorted({step for step, _ in scalars["timing/train/policy_training"]})
+    assert [step for step, _ in generation] == logged
+    assert all(0.05 <= seconds < 0.1 for _, seconds in generation)
     assert training == expected
     assert "train/advantages/0" not in scalars
 
@@ -295,6 +301,7 @@ def test_timer_reductions_match_numpy():
     timer.start("a")
     with pytest.raises(ValueError, match="already running"):
         timer.start("a")
+    timer.stop("a")
 
 
 def test_flatten_dict_keeps_nemo_rl_semantics():

@@ -294,9 +294,12 @@ def test_eval_logs_none_values_and_logs_after_the_run_finished(
 
     rows = {r["step"]: r["metrics"] for r in jsonl_rows(log_dir / "metrics.jsonl")}
     assert sorted(rows) == [1, 2]
-    assert set(rows[1]) == {"timing/step"} and rows[1]["timing/step"] >= 0.01
+    assert {k for k in rows[1] if not k.startswith("anatomy/")} == {"timing/step"}
+    assert rows[1]["timing/step"] >= 0.01
+    # the callback's step timer is the step's phase (docs/anatomy.md)
+    assert rows[1]["anatomy/step/seconds"] == pytest.approx(rows[1]["timing/step"], abs=0.002)
     assert rows[2]["timing/evaluate"] >= 0.04
-    assert {k: v for k, v in rows[2].items() if not k.startswith("timing/")} == {
+    assert {k: v for k, v in rows[2].items() if not k.startswith(("timing/", "anatomy/"))} == {
         "train/loss": 0.5, "train/epoch": 1.0, "eval/loss": 0.25, "test/accuracy": 0.75,
     }  # fmt: skip
     params = json.loads((log_dir / "hyperparams.json").read_text())

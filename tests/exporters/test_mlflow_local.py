@@ -225,7 +225,11 @@ def test_file_store_keeps_a_metric_next_to_its_own_subfolder(tmp_path, monkeypat
 
     client = MlflowClient(tracking_uri=uri)
     metrics = set(client.get_run(exporter.run_id).data.metrics)
-    assert metrics == {"timing/x", "timing/x.total", "a", "a.b"}
+    # the steps' anatomy rows (docs/anatomy.md) are beside them, each under its own name
+    assert {"anatomy/x/seconds", "anatomy/x/total/seconds"} <= metrics
+    assert {m for m in metrics if not m.startswith("anatomy/")} == {
+        "timing/x", "timing/x.total", "a", "a.b"
+    }
     assert [s for s, _ in _history(client, exporter.run_id, "timing/x.total")] == [0, 1, 2]
     assert _history(client, exporter.run_id, "a.b") == [(0, 0.0), (1, 2.0), (2, 4.0)]
     assert exporter.stats["rejected"] == 0

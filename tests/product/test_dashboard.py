@@ -43,11 +43,13 @@ def test_dashboard_is_well_formed():
     titles = {p["title"] for p in dashboard["panels"]}
     for wanted in (
         "Reward", "Loss", "KL", "Response length", "Step timings (stacked)", "Throughput",
-        "GPU utilization", "GPU memory used", "Ray node scrapes",
+        "GPU utilization", "GPU memory used", "Ray node scrapes", "Where the step went (stacked)",
+        "Worker busy fraction",
     ):  # fmt: skip
         assert wanted in titles
-    stacked = next(p for p in dashboard["panels"] if p["title"] == "Step timings (stacked)")
-    assert stacked["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    for title in ("Step timings (stacked)", "Where the step went (stacked)"):
+        stacked = next(p for p in dashboard["panels"] if p["title"] == title)
+        assert stacked["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     assert set(variable_queries(dashboard)) == {"run_id", "node"}
 
     datasource = yaml.safe_load(
@@ -105,6 +107,9 @@ def test_every_metric_the_dashboard_reads_is_exposed_by_the_demo_run(tmp_path):
     names = {s.name for _, s in used}
     assert {"ray_node_gpu_utilization_percent", "ray_node_gpu_memory_used_bytes"} <= names
     assert {"train_loss", "train_kl", "train_reward_mean", "perf_throughput"} <= names
+    # the anatomy panels read the step's phases and the workers' busy fraction
+    assert {"anatomy_generation_seconds", "anatomy_untimed_seconds",
+            "anatomy_trainer_busy_fraction"} <= exposed  # fmt: skip
 
 
 def _engine_metric(selector) -> bool:

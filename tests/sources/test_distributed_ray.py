@@ -126,6 +126,17 @@ def test_four_actors_merge_into_exact_rows_via_results_and_the_aggregator(ray_cl
         assert row["train/timing/generate"] >= 0.08
         assert row["train/timing/generate/min"] >= 0.02
         assert row["train/timing/generate/slowest_rank"] == N_ACTORS - 1
+        # the step's anatomy: the trainers' own timer seconds (each snapshot counted once,
+        # though logged under two prefixes); the driver timed nothing, so its link is untimed
+        wall = row["anatomy/wall/seconds"]
+        assert row["anatomy/trainer/busy_fraction"] == pytest.approx(
+            statistics.median(times) / wall, rel=0.01
+        )
+        assert row["anatomy/trainer/busiest_rank"] == N_ACTORS - 1
+        critical = row["anatomy/critical/trainer/generate/seconds"]
+        assert critical == pytest.approx(max(times), rel=0.01)
+    last = N_ACTORS - 1
+    assert rows[0]["anatomy/critical_path"] == f"driver:untimed > trainer rank {last}:generate"
 
 
 @pytest.mark.slow

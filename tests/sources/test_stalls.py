@@ -20,22 +20,13 @@ from testkit.gpu_nodes import render, simulated_node
 from testkit.otlp_receiver import OtlpHttpReceiver, attributes_of
 from testkit.readers import jsonl_rows, tensorboard_accumulator
 from testkit.rollout_pages import PageServer
+from testkit.waiting import wait_for
 
 
 def _gauge(url: str, name: str) -> float:
     page = urllib.request.urlopen(url, timeout=10).read().decode()
     line = next(ln for ln in page.splitlines() if ln.split("{")[0].split(" ")[0] == name)
     return float(line.rsplit(" ", 1)[1])
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
-        time.sleep(0.05)
 
 
 def test_a_run_blocked_inside_a_timer_is_reported_with_the_timer_and_the_line(tmp_path):
@@ -61,7 +52,7 @@ def test_a_run_blocked_inside_a_timer_is_reported_with_the_timer_and_the_line(tm
         def block_inside_generation_for_the_stall_test() -> None:
             with logger.timer("generation"):
                 began = time.monotonic()
-                reports = _wait_for(lambda: sorted((log_dir / "stalls").glob("*.txt")), 10,
+                reports = wait_for(lambda: sorted((log_dir / "stalls").glob("*.txt")), 10,
                                     "a stall report")  # fmt: skip
                 seen["after"] = time.monotonic() - began
                 seen["report"] = reports[0]
@@ -71,7 +62,7 @@ def test_a_run_blocked_inside_a_timer_is_reported_with_the_timer_and_the_line(tm
         block_inside_generation_for_the_stall_test()
         logger.log_metrics({"loss": 2.0}, step=20)
         logger.log_metrics({"loss": 2.1}, step=21)
-        assert _wait_for(lambda: _gauge(url, "otel_rl_stalled") == 0, 5, "the gauge back at 0")
+        assert wait_for(lambda: _gauge(url, "otel_rl_stalled") == 0, 5, "the gauge back at 0")
         logger.finish()
     finally:
         receiver.close()
@@ -131,9 +122,9 @@ def test_a_stall_report_has_the_last_gpu_readings_of_every_node(tmp_path):
     try:
         with Logger(cfg) as logger:
             logger.log_metrics({"loss": 0.5}, step=0)
-            _wait_for(lambda: logger.gpu_monitor.scraper.latest, 10, "a GPU reading")
+            wait_for(lambda: logger.gpu_monitor.scraper.latest, 10, "a GPU reading")
             with logger.timer("generation"):
-                _wait_for(lambda: sorted((log_dir / "stalls").glob("*.json")), 10, "a report")
+                wait_for(lambda: sorted((log_dir / "stalls").glob("*.json")), 10, "a report")
             logger.log_metrics({"loss": 0.4}, step=1)
     finally:
         server.close()
@@ -167,7 +158,7 @@ def test_a_stall_is_an_event_of_the_steps_span_and_one_logged_line_with_the_repo
         logger.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
         logger.log_metrics({"loss": 0.5}, step=0)
         with logger.timer("generation"):
-            report = _wait_for(lambda: sorted((log_dir / "stalls").glob("*.txt")), 10,
+            report = wait_for(lambda: sorted((log_dir / "stalls").glob("*.txt")), 10,
                                "a report")[0]  # fmt: skip
         logger.log_metrics({"loss": 0.4}, step=1)
     step_spans = [s for s in spans.get_finished_spans() if s.name == "rl.step"]
@@ -230,14 +221,6 @@ def test_stalls_can_be_turned_off(tmp_path):
     assert all("stall/seconds" not in r["metrics"] for r in jsonl_rows(tmp_path / "metrics.jsonl"))
 
 
-@pytest.fixture(scope="module")
-def ray_with_dashboard():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_a_blocked_ray_actor_appears_with_its_stack(tmp_path, ray_with_dashboard):
     ray = ray_with_dashboard
@@ -254,7 +237,7 @@ def test_a_blocked_ray_actor_appears_with_its_stack(tmp_path, ray_with_dashboard
     for step in range(3):
         logger.log_metrics({"loss": float(step)}, step=step)
     ref = actor.block_here_for_the_stall_test.remote(60)
-    reports = _wait_for(lambda: sorted((log_dir / "stalls").glob("*.json")), 60, "a report")
+    reports = wait_for(lambda: sorted((log_dir / "stalls").glob("*.json")), 60, "a report")
     report = json.loads(reports[0].read_text())
     ray.kill(actor)
     with pytest.raises(ray.exceptions.RayError):
@@ -380,7 +363,7 @@ def test_a_worker_stuck_inside_a_timer_is_named_with_its_open_timers(tmp_path, r
     for step in range(3):
         logger.log_metrics({"loss": float(step)}, step=step)
     ref = actor.generate_forever.remote(60)
-    reports = _wait_for(lambda: sorted((log_dir / "stalls").glob("*.json")), 60, "a report")
+    reports = wait_for(lambda: sorted((log_dir / "stalls").glob("*.json")), 60, "a report")
     report = json.loads(reports[0].read_text())
     ray.kill(actor)
     with pytest.raises(ray.exceptions.RayError):
@@ -416,9 +399,9 @@ def test_a_stall_reaches_every_tracker_with_text_as_text(offline_trackers, tmp_p
     with Logger(cfg) as logger:
         for step in range(3):
             logger.log_metrics({"loss": float(step)}, step=step)
-        (report,) = _wait_for(lambda: list((log_dir / "stalls").glob("*.txt")), 20, "a report")
+        (report,) = wait_for(lambda: list((log_dir / "stalls").glob("*.txt")), 20, "a report")
         logger.log_metrics({"loss": 3.0}, step=3)
-        _wait_for(lambda: "stall ended" in report.read_text(), 20, "the stall's end")
+        wait_for(lambda: "stall ended" in report.read_text(), 20, "the stall's end")
         exporters = {e.name: e for e in logger.exporters}
     events = jsonl_rows(log_dir / "events.jsonl")
     assert [(e["step"], e["level"]) for e in events] == [(2, "warning"), (3, "info")]

@@ -1,0 +1,854 @@
+"""``otel-rl why LOG_DIR [--step N]``: why a run's slow steps were slow, from what the run wrote.
+
+Reads ``metrics.jsonl`` (one row per step, streamed: only the rows that say where time went are
+kept, as columns of floats), ``events.jsonl`` beside it (the straggler and stall events) and
+``stalls/*.json`` (the stall reports), and answers in plain words: the run's slowest steps
+against its median, one step's anatomy (each phase against its own median over the run, the
+critical path, the workers' busy fractions and slowest ranks), and the stalls and stragglers
+found. No server, no tracker SDK: the files alone.
+
+Which rows it reads (docs/anatomy.md): ``anatomy/<path>/seconds`` (a timer path's own seconds
+in the step), ``anatomy/untimed/seconds``, ``anatomy/wall/seconds``,
+``anatomy/critical/<link>/seconds`` and the text row ``anatomy/critical_path``,
+``anatomy/<role>/busy_fraction`` and ``anatomy/<role>/busiest_rank`` (or ``slowest_rank``), and
+every reduced timing's ``…timing/<name>``, ``…/slowest_rank`` and ``…/skew``. A run without
+anatomy rows (logged before they existed) is measured by the sum of its top-level
+``timing/<name>`` rows instead, and the answer says so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+import statistics
+import sys
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Answer", "WhyError", "duration", "explain", "percent", "run", "step_ranges", "times"]
+
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
+STALLS_FOLDER = "stalls"
+STALL_EVENT = "otel_rl/stall"
+STRAGGLER_EVENT = "otel_rl/straggler"
+
+ANATOMY = "anatomy/"
+WALL_KEY = "anatomy/wall/seconds"
+CRITICAL_PREFIX = "anatomy/critical/"
+CRITICAL_PATH_KEY = "anatomy/critical_path"
+SECONDS = "/seconds"
+BUSY = "/busy_fraction"
+SLOWEST = "/slowest_rank"
+SKEW = "/skew"
+TIMING = "timing/"
+#: ``anatomy/<role>/<kind>_rank``: the rank with the most seconds inside its own timers.
+RANK_KINDS = ("slowest", "busiest")
+
+#: Slowest steps listed by default.
+TOP = 5
+
+
+class WhyError(Exception):
+    """Input that cannot be answered (a missing file, a step not in the run): one line, exit 2."""
+
+
+def duration(value: float) -> str:
+    """``48.0 s``, ``2.0 s``, ``12.1 ms``, ``27.2 µs``: seconds in tenths, less in three digits."""
+    if value != value:
+        return "n/a"
+    if abs(value) >= 1.0 or value == 0:
+        return f"{value:.1f} s"
+    if abs(value) >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} µs"
+
+
+def percent(fraction: float) -> str:
+    """``97 %``, ``0.23 %``: whole percents, two digits below one."""
+    value = fraction * 100
+    return f"{value:.0f} %" if abs(value) >= 1 or value == 0 else f"{value:.2g} %"
+
+
+def times(ratio: float) -> str:
+    """``1.6x``, ``397x``: how many times the median, in tenths below ten."""
+    return f"{ratio:.1f}x" if ratio < 9.95 else f"{ratio:.0f}x"  # 9.96 is "10x", not "10.0x"
+
+
+def step_ranges(steps: Iterable[int]) -> str:
+    """``0-4, 9, 12-20``: the steps of a run, runs of consecutive steps joined."""
+    ordered = sorted(set(steps))
+    parts: list[str] = []
+    start = previous = None
+    for step in ordered:
+        if previous is not None and step == previous + 1:
+            previous = step
+            continue
+        if start is not None:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = step
+    if start is not None:
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+    return ", ".join(parts)
+
+
+# ---- reading metrics.jsonl ----------------------------------------------------------------------
+
+
+def _wanted(key: str) -> bool:
+    """The rows that say where a step's time went (and nothing else is kept)."""
+    return key.startswith(ANATOMY) or key.startswith(TIMING) or "/timing/" in key
+
+
+@dataclass
+class StepColumns:
+    """The kept rows of every step, one ``array('d')`` per key indexed by the step's slot (NaN:
+    the step has no such row), so that 100k steps cost a few MB, not a dict per step."""
+
+    slots: dict[int, int] = field(default_factory=dict)
+    steps: list[int] = field(default_factory=list)
+    runs: list[str | None] = field(default_factory=list)
+    columns: dict[str, array[float]] = field(default_factory=dict)
+    critical_paths: dict[int, str] = field(default_factory=dict)
+    rows: int = 0
+    #: Steps a later run wrote again (its row replaced the earlier run's).
+    rewritten: set[int] = field(default_factory=set)
+    #: Rows on another x-axis (the GPU bridge's seconds): not training steps.
+    other_axis: int = 0
+    run_ids: dict[str | None, None] = field(default_factory=dict)
+
+    def value(self, key: str, slot: int) -> float:
+        column = self.columns.get(key)
+        if column is None or slot >= len(column):
+            return math.nan
+        return column[slot]
+
+    def present(self, key: str) -> list[tuple[int, float]]:
+        """``[(slot, value)]`` of the steps that have ``key`` (finite values only)."""
+        column = self.columns.get(key)
+        if column is None:
+            return []
+        return [(slot, v) for slot, v in enumerate(column) if math.isfinite(v)]
+
+    def add(self, step: int, run_id: str | None, pairs: Iterable[tuple[str, Any]]) -> None:
+        """One row of ``step``: its kept ``(key, value)`` pairs (numbers, and the critical path's
+        text). A row of another run than the one that wrote the step replaces that run's."""
+        self.rows += 1
+        self.run_ids.setdefault(run_id, None)
+        slot = self.slots.get(step)
+        if slot is None:
+            slot = self.slots[step] = len(self.steps)
+            self.steps.append(step)
+            self.runs.append(run_id)
+        elif self.runs[slot] != run_id:
+            # Another run (a resumed one) wrote this step again: its row is the step now.
+            self.runs[slot] = run_id
+            self.rewritten.add(step)
+            for column in self.columns.values():
+                if slot < len(column):
+                    column[slot] = math.nan
+            self.critical_paths.pop(slot, None)
+        columns = self.columns
+        for key, value in pairs:
+            if type(value) is float or type(value) is int:
+                kept = columns.get(key)
+                if kept is None:
+                    kept = columns[key] = array("d")
+                size = len(kept)
+                if size == slot:  # the usual case: a key every step has, at a new step
+                    kept.append(value)
+                    continue
+                if size < slot:
+                    kept.extend([math.nan] * (slot - size))
+                    kept.append(value)
+                    continue
+                kept[slot] = value
+            elif key == CRITICAL_PATH_KEY and isinstance(value, str):
+                self.critical_paths[slot] = value
+
+    def step_times(self) -> tuple[array[float], str]:
+        """Each slot's step time and what measured it: ``anatomy/wall/seconds``, or (a run
+        without anatomy rows) the sum of the step's top-level ``timing/<name>`` rows."""
+        wall = self.columns.get(WALL_KEY)
+        if wall is not None and any(math.isfinite(v) for v in wall):
+            return wall, "anatomy"
+        total = array("d", [math.nan] * len(self.steps))
+        for key in self.top_level_timings():
+            for slot, value in self.present(key):
+                total[slot] = value if total[slot] != total[slot] else total[slot] + value
+        return total, "timing"
+
+    def top_level_timings(self) -> list[str]:
+        return [k for k in self.columns if k.startswith(TIMING) and "/" not in k[len(TIMING) :]]
+
+    def phase_keys(self, measured_by: str) -> dict[str, str]:
+        """``{row key: phase name}`` of the rows that split a step's time into phases."""
+        if measured_by == "timing":
+            return {key: key[len(TIMING) :] for key in self.top_level_timings()}
+        return {
+            key: key[len(ANATOMY) : -len(SECONDS)]
+            for key in self.columns
+            if key.startswith(ANATOMY) and key.endswith(SECONDS)
+            and key != WALL_KEY and not key.startswith(CRITICAL_PREFIX)
+        }  # fmt: skip
+
+
+@dataclass
+class Skipped:
+    """Lines of a file that are not rows: their numbers, and a torn last line."""
+
+    name: str
+    lines: list[int] = field(default_factory=list)
+    torn_end: int | None = None
+
+    def notes(self) -> list[str]:
+        notes = []
+        if self.torn_end is not None:
+            notes.append(
+                f"{self.name}: skipped its last line (line {self.torn_end}), cut short: the run "
+                "stopped while writing it (a crash or a kill)"
+            )
+        if self.lines:
+            first = ", ".join(map(str, self.lines[:5])) + (", …" if len(self.lines) > 5 else "")
+            notes.append(
+                f"{self.name}: skipped {len(self.lines)} line(s) that are not rows of an "
+                f"otel-rl run (line {first})"
+            )
+        return notes
+
+
+def _json_lines(path: Path, skipped: Skipped) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of each JSON object line of ``path``, streamed; other lines are
+    counted in ``skipped``."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            record = _json_line(raw, number, skipped)
+            if record is not None:
+                yield number, record
+
+
+# The JSONL exporter's own layout (otel_rl/exporters/jsonl.py): the head of a row, and a kept key
+# (``anatomy/…``, ``timing/…``, ``…/timing/…``) with a number, NaN/Infinity or a string for its
+# value. Only a string can hold a key followed by ``":``: between strings there are only numbers
+# and punctuation, and inside one a quote is escaped (a line holding ``\"`` is decoded as JSON).
+_ROW_HEAD = re.compile(
+    rb'\{"step":(-?\d+),"time":[^,]*(?:,"run_id":(null|"[^"]*"))?'
+    rb'(?:,"axis":(null|"[^"]*"))?,"metrics":\{'
+)
+_KEPT_PAIR = re.compile(
+    rb'"((?:anatomy/|timing/|[^"]*/timing/)[^"]*)":(-?[0-9][0-9.eE+-]*|NaN|-?Infinity|"[^"]*")'
+)
+
+
+def read_metrics(path: Path) -> tuple[StepColumns, Skipped]:
+    """The kept rows of every step of ``metrics.jsonl``; rows on another x-axis (the GPU
+    bridge's) are not steps and are counted apart.
+
+    A whole line in the exporter's layout is read by :data:`_KEPT_PAIR` alone (the rows it
+    keeps are a few of a row's hundred keys, and decoding the rest is most of the time); any
+    other line (another layout, a last line without its newline) is decoded as JSON."""
+    table = StepColumns()
+    skipped = Skipped(path.name)
+    keys: dict[bytes, str | None] = {}
+    runs: dict[bytes | None, str] = {}
+    wanted: dict[str, bool] = {}
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            whole = raw.endswith(b"}}\n") and b'\\"' not in raw
+            head = _ROW_HEAD.match(raw) if whole else None
+            if head is not None:
+                step, run, axis = head.groups()
+                if axis is not None and axis != b"null":
+                    table.other_axis += 1
+                    continue
+                run_id = runs.get(run)
+                if run_id is None and run is not None and run != b"null":
+                    run_id = runs[run] = json.loads(run)
+                table.add(int(step), run_id, _kept_pairs(raw, head.end(), keys))
+                continue
+            record = _json_line(raw, number, skipped)
+            if record is None:
+                continue
+            step_number, metrics = record.get("step"), record.get("metrics")
+            if type(step_number) is not int or not isinstance(metrics, dict):
+                skipped.lines.append(number)
+                continue
+            if record.get("axis") is not None:
+                table.other_axis += 1
+                continue
+            run_id = record.get("run_id")
+            table.add(
+                step_number,
+                run_id if isinstance(run_id, str) else None,
+                ((k, v) for k, v in metrics.items() if _kept(k, wanted)),
+            )
+    return table, skipped
+
+
+def _kept(key: str, wanted: dict[str, bool]) -> bool:
+    keep = wanted.get(key)
+    if keep is None:
+        keep = wanted[key] = _wanted(key)
+    return keep
+
+
+def _kept_pairs(raw: bytes, start: int, keys: dict[bytes, str | None]) -> Iterator[tuple[str, Any]]:
+    """The kept ``(key, value)`` pairs of a line in the exporter's layout."""
+    for match in _KEPT_PAIR.finditer(raw, start):
+        name, value = match.groups()
+        key = keys.get(name, "")
+        if key == "":
+            text = json.loads(b'"' + name + b'"') if b"\\" in name else name.decode()
+            key = keys[name] = text if _wanted(text) else None
+        if key is None:
+            continue
+        if value[0] == 0x22:  # a string: only the critical path's text is kept
+            if key == CRITICAL_PATH_KEY:
+                yield key, json.loads(value)
+        else:
+            yield key, float(value)
+
+
+def _json_line(raw: bytes, number: int, skipped: Skipped) -> dict[str, Any] | None:
+    """A line decoded as a JSON object, or ``None`` (counted in ``skipped``; a last line without
+    its newline that does not decode is a torn end)."""
+    if not raw.strip():
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        if raw.endswith(b"\n"):
+            skipped.lines.append(number)
+        else:
+            skipped.torn_end = number
+        return None
+    if isinstance(record, dict):
+        return record
+    skipped.lines.append(number)
+    return None
+
+
+# ---- the answer ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    """One phase of a step: its seconds, its median over the run, and (a reduced timing of the
+    same name) the rank that was slowest at it and by how much."""
+
+    name: str
+    seconds: float
+    median: float
+    slowest_rank: int | None = None
+    skew: float | None = None
+
+    def words(self) -> str:
+        text = f"{self.name} {duration(self.seconds)} (median {duration(self.median)})"
+        if self.slowest_rank is not None:
+            text += f", its slowest rank {self.slowest_rank}"
+            if self.skew is not None and math.isfinite(self.skew):
+                text += f" (skew {self.skew:.1f})"
+        return text
+
+
+@dataclass
+class Role:
+    """A worker role's share of the step inside its timers (median rank), and its slowest."""
+
+    role: str
+    busy_fraction: float
+    rank: int | None
+    #: Which rank the row names: ``slowest`` or ``busiest`` (the most seconds in its timers).
+    rank_kind: str = "slowest"
+
+    def words(self) -> str:
+        text = f"{self.role}: busy {percent(self.busy_fraction)} of the step (median rank)"
+        if self.rank is not None:
+            text += f", {self.rank_kind} rank {self.rank}"
+        return text
+
+
+@dataclass
+class ReducedTiming:
+    """A timing reduced across ranks that no phase of the driver's is named after."""
+
+    key: str
+    seconds: float
+    slowest_rank: int
+    skew: float | None
+
+    def words(self) -> str:
+        skew = ""
+        if self.skew is not None and math.isfinite(self.skew):
+            skew = f" (skew {self.skew:.1f})"
+        return f"{self.key} {duration(self.seconds)}, slowest rank {self.slowest_rank}{skew}"
+
+
+@dataclass
+class StepAnatomy:
+    step: int
+    seconds: float
+    median: float
+    measured_by: str
+    phases: list[Phase]
+    critical_path: str | None
+    roles: list[Role]
+    timings: list[ReducedTiming]
+
+    def sentence(self) -> str:
+        if not self.phases and not math.isfinite(self.seconds):
+            return f"step {self.step}: no row says where its time went"
+        took = "took" if self.measured_by == "anatomy" else "spent in its timers"
+        head = f"step {self.step} {took} {duration(self.seconds)}, median {duration(self.median)}"
+        if not self.phases:
+            return head + " (no phase rows at this step)"
+        return head + ": " + "; ".join(p.words() for p in self.phases)
+
+
+@dataclass
+class SlowStep:
+    step: int
+    seconds: float
+    times_median: float | None
+    phase: str | None
+    phase_seconds: float | None
+
+    def words(self) -> str:
+        ratio = f" ({times(self.times_median)} median)" if self.times_median is not None else ""
+        most = (
+            f", most in {self.phase} {duration(self.phase_seconds)}"
+            if self.phase is not None and self.phase_seconds is not None else ""
+        )  # fmt: skip
+        return f"step {self.step}: {duration(self.seconds)}{ratio}{most}"
+
+
+@dataclass
+class Stall:
+    """One stall report: when, after which step, its verdict (else its summary), its end."""
+
+    report: str
+    stalled_at: str | None
+    last_step: int | None
+    text: str
+    ended: str | None
+
+    def lines(self) -> list[str]:
+        after = "before any step" if self.last_step is None else f"after step {self.last_step}"
+        when = self.stalled_at or "at an unknown time"
+        end = self.ended or "had not ended when the report was last written"
+        where = "report" if self.report.endswith(".json") else "events"
+        return [f"{when}, {after}: {self.text}", f"  {end}", f"  {where}: {self.report}"]
+
+
+@dataclass
+class Straggler:
+    step: int | None
+    text: str
+
+    def words(self) -> str:
+        return f"step {self.step}: {self.text}" if self.step is not None else self.text
+
+
+@dataclass
+class Answer:
+    """Everything ``otel-rl why`` says about a run; :meth:`to_text` and :meth:`to_json`."""
+
+    metrics: str
+    steps: int
+    step_ranges: str
+    measured_by: str
+    median: float | None
+    slowest: list[SlowStep]
+    anatomy: StepAnatomy | None
+    stalls: list[Stall]
+    stragglers: list[Straggler]
+    notes: list[str]
+
+    def to_text(self) -> str:
+        lines = [f"otel-rl why: {self.metrics} ({self.steps} steps: {self.step_ranges})"]
+        if self.median is not None:
+            what = "step time" if self.measured_by == "anatomy" else "time in top-level timers"
+            lines += ["", f"slowest steps ({what}; median {duration(self.median)}):"]
+            lines += [f"  {s.words()}" for s in self.slowest]
+        if self.anatomy is not None:
+            lines += ["", self.anatomy.sentence()]
+            if self.anatomy.critical_path:
+                lines.append(f"  critical path: {self.anatomy.critical_path}")
+            lines += [f"  workers {r.words()}" for r in self.anatomy.roles]
+            lines += [f"  reduced timing {t.words()}" for t in self.anatomy.timings]
+        lines += ["", f"stalls: {len(self.stalls) or 'none found'}"]
+        lines += [f"  {line}" for stall in self.stalls for line in stall.lines()]
+        lines += [f"stragglers: {len(self.stragglers) or 'none found'}"]
+        lines += [f"  {s.words()}" for s in self.stragglers]
+        if self.notes:
+            lines += ["", "notes:"] + [f"  {note}" for note in self.notes]
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        anatomy = None
+        if self.anatomy is not None:
+            anatomy = {**_plain(self.anatomy), "text": self.anatomy.sentence()}
+        return {
+            "metrics": self.metrics,
+            "steps": self.steps,
+            "step_ranges": self.step_ranges,
+            "measured_by": self.measured_by,
+            "median_seconds": _finite(self.median),
+            "slowest": [_plain(s) for s in self.slowest],
+            "step": anatomy,
+            "stalls": [_plain(s) for s in self.stalls],
+            "stragglers": [_plain(s) for s in self.stragglers],
+            "notes": self.notes,
+        }
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _plain(obj: Any) -> Any:
+    """A dataclass as JSON-ready data (NaN and inf as ``null``)."""
+    if isinstance(obj, float):
+        return _finite(obj)
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "__dataclass_fields__"):
+        return {name: _plain(getattr(obj, name)) for name in obj.__dataclass_fields__}
+    return obj
+
+
+# ---- putting it together ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    metrics: Path
+    events: Path
+    stalls: Path | None
+
+
+def run_files(target: str | Path) -> RunFiles:
+    """Where a run's files are: ``LOG_DIR/metrics.jsonl``, ``events.jsonl`` beside it and
+    ``LOG_DIR/stalls/``; or a metrics file given itself (``jsonl.path``: its events are
+    ``<stem>.events.jsonl`` beside it, and only ``metrics.jsonl`` has a stalls folder beside)."""
+    path = Path(target)
+    if path.is_file():
+        if path.name == METRICS_FILE:
+            return RunFiles(path, path.with_name(EVENTS_FILE), path.parent / STALLS_FOLDER)
+        return RunFiles(path, path.with_name(f"{path.stem}.{EVENTS_FILE}"), None)
+    if not path.is_dir():
+        what = "is not a file or a directory" if path.exists() else "does not exist"
+        raise WhyError(f"{path} {what}: give a run's log_dir or its metrics.jsonl")
+    metrics = path / METRICS_FILE
+    if not metrics.is_file():
+        runs = sorted(p.parent.name for p in path.glob(f"*/{METRICS_FILE}"))
+        hint = f"; runs under it: {', '.join(runs)} (pass one of them)" if runs else ""
+        raise WhyError(
+            f"no {METRICS_FILE} in {path}: otel-rl why reads the rows of the JSONL tracker "
+            f"(enable it: jsonl_enabled: true; with jsonl.path elsewhere, pass that file){hint}"
+        )
+    return RunFiles(metrics, path / EVENTS_FILE, path / STALLS_FOLDER)
+
+
+def explain(target: str | Path, step: int | None = None, top: int = TOP) -> Answer:
+    """The answer for the run at ``target`` (a log_dir or a metrics file): the ``top`` slowest
+    steps, the anatomy of ``step`` (default: the slowest), the stalls and stragglers."""
+    files = run_files(target)
+    try:
+        table, skipped = read_metrics(files.metrics)
+    except OSError as exc:
+        raise WhyError(f"cannot read {files.metrics}: {exc.strerror or exc}") from None
+    notes = skipped.notes()
+    if not table.steps:
+        raise WhyError(f"{files.metrics} holds no step rows" + (f" ({notes[0]})" if notes else ""))
+    if step is not None and step not in table.slots:
+        raise WhyError(f"step {step} is not in the run; its steps: {step_ranges(table.steps)}")
+
+    times, measured_by = table.step_times()
+    known = [(table.steps[slot], t) for slot, t in enumerate(times) if math.isfinite(t)]
+    phases = table.phase_keys(measured_by)
+    median: float | None = None
+    slowest: list[SlowStep] = []
+    if known:
+        median = statistics.median(t for _, t in known)
+        for s, t in sorted(known, key=lambda st: (-st[1], st[0]))[: max(0, top)]:
+            name, seconds = _largest_phase(table, table.slots[s], phases)
+            ratio = t / median if median > 0 else None
+            slowest.append(SlowStep(s, t, ratio, name, seconds))
+    if measured_by == "timing":
+        notes.append(
+            "this run has no anatomy rows (anatomy/wall/seconds): a step's time here is the sum "
+            "of its top-level timing/<name> rows, which leaves out untimed time and counts a "
+            "timer nested in another twice"
+            if known else "no row says how long a step took: this run has neither anatomy rows "
+            "(anatomy/wall/seconds) nor top-level timing/<name> rows (Logger.timer)"
+        )  # fmt: skip
+    elif len(known) < len(table.steps):
+        notes.append(f"the step time is known for {len(known)} of the {len(table.steps)} steps")
+    if table.rewritten:
+        notes.append(
+            f"{len(table.rewritten)} step(s) were written again by a later run (a resumed run): "
+            f"the later run's row counts ({_short_ranges(table.rewritten)})"
+        )
+    if len(table.run_ids) > 1:
+        ids = ", ".join(str(r) for r in table.run_ids)
+        notes.append(f"{files.metrics.name} holds rows of {len(table.run_ids)} runs ({ids})")
+
+    chosen = step if step is not None else (slowest[0].step if slowest else None)
+    anatomy = None
+    if chosen is not None:
+        anatomy = _anatomy(table, chosen, times, median, measured_by, phases)
+
+    stalls, stragglers, more = _events_and_stalls(files)
+    return Answer(
+        metrics=str(files.metrics),
+        steps=len(table.steps),
+        step_ranges=_short_ranges(table.steps),
+        measured_by=measured_by,
+        median=median,
+        slowest=slowest,
+        anatomy=anatomy,
+        stalls=stalls,
+        stragglers=stragglers,
+        notes=notes + more,
+    )
+
+
+def _short_ranges(steps: Iterable[int], most: int = 12) -> str:
+    parts = step_ranges(steps).split(", ")
+    if len(parts) <= most:
+        return ", ".join(parts)
+    return ", ".join(parts[: most // 2]) + ", …, " + ", ".join(parts[-most // 2 :])
+
+
+def _largest_phase(
+    table: StepColumns, slot: int, phases: Mapping[str, str]
+) -> tuple[str | None, float | None]:
+    best: tuple[str | None, float | None] = (None, None)
+    for key, name in phases.items():
+        value = table.value(key, slot)
+        if math.isfinite(value) and (best[1] is None or value > best[1]):
+            best = (name, value)
+    return best
+
+
+def _median(table: StepColumns, key: str) -> float:
+    values = [v for _, v in table.present(key)]
+    return statistics.median(values) if values else math.nan
+
+
+def _anatomy(
+    table: StepColumns, step: int, times: Sequence[float], median: float | None,
+    measured_by: str, phases: Mapping[str, str],
+) -> StepAnatomy:  # fmt: skip
+    slot = table.slots[step]
+    reduced = _reduced_timings(table, slot)
+    leaves = {_leaf(key): value for key, value in reduced.items()}
+    matched: set[str] = set()
+    found = []
+    for key, name in phases.items():
+        seconds = table.value(key, slot)
+        if not math.isfinite(seconds):
+            continue
+        phase = Phase(name, seconds, _median(table, key))
+        leaf = name.rsplit("/", 1)[-1]
+        if leaf in leaves:
+            _, phase.slowest_rank, phase.skew = leaves[leaf]
+            matched.add(leaf)
+        found.append(phase)
+    found.sort(key=lambda p: (-p.seconds, p.name))
+
+    roles = []
+    for key in table.columns:
+        if key.startswith(ANATOMY) and key.endswith(BUSY):
+            busy = table.value(key, slot)
+            if math.isfinite(busy):
+                role = key[len(ANATOMY) : -len(BUSY)]
+                rank, kind = _role_rank(table, role, slot)
+                roles.append(Role(role, busy, rank, kind))
+    critical = _critical_path(table, slot, {r.role: r.rank for r in roles})
+    timings = [
+        ReducedTiming(key, seconds, rank, skew)
+        for key, (seconds, rank, skew) in reduced.items()
+        if _leaf(key) not in matched
+    ]
+    return StepAnatomy(
+        step=step,
+        seconds=times[slot],
+        median=math.nan if median is None else median,
+        measured_by=measured_by,
+        phases=found,
+        critical_path=critical,
+        roles=roles,
+        timings=timings,
+    )
+
+
+def _role_rank(table: StepColumns, role: str, slot: int) -> tuple[int | None, str]:
+    """The rank a role's row names at this step, and which row (``slowest``, ``busiest``)."""
+    for kind in RANK_KINDS:
+        rank = table.value(f"{ANATOMY}{role}/{kind}_rank", slot)
+        if math.isfinite(rank):
+            return int(rank), kind
+    return None, RANK_KINDS[0]
+
+
+def _critical_path(table: StepColumns, slot: int, ranks: Mapping[str, int | None]) -> str | None:
+    """The step's critical path with each link's seconds, from its ``anatomy/critical/<link>/
+    seconds`` rows: a link under a role that reported at this step is that role's rank (the one
+    its row names), any other the driver's. Without those rows, the latest
+    ``anatomy/critical_path`` text at or before the step (the text is logged when it changes)."""
+    driver, workers = [], []
+    for key in table.columns:
+        if not (key.startswith(CRITICAL_PREFIX) and key.endswith(SECONDS)):
+            continue
+        seconds = table.value(key, slot)
+        if not math.isfinite(seconds):
+            continue
+        link = key[len(CRITICAL_PREFIX) : -len(SECONDS)]
+        role, _, path = link.partition("/")
+        if path and role in ranks:
+            rank = ranks[role]
+            who = f"{role} rank {rank}" if rank is not None else role
+            workers.append(f"{who}:{path} ({duration(seconds)})")
+        else:
+            driver.append(f"driver:{link} ({duration(seconds)})")
+    if driver or workers:
+        return " > ".join(driver + workers)
+    step = table.steps[slot]
+    latest = max(
+        ((table.steps[s], text) for s, text in table.critical_paths.items()
+         if table.steps[s] <= step),
+        default=None,
+    )  # fmt: skip
+    return latest[1] if latest is not None else None
+
+
+def _reduced_timings(table: StepColumns, slot: int) -> dict[str, tuple[float, int, float | None]]:
+    """``{timing key: (seconds, slowest rank, skew)}`` of the timings reduced across ranks at
+    this step (``timing/<name>/slowest_rank`` rows, under any prefix)."""
+    found = {}
+    for key in table.columns:
+        if not key.endswith(SLOWEST) or key.startswith(ANATOMY):
+            continue
+        stem = key[: -len(SLOWEST)]
+        rank = table.value(key, slot)
+        if not math.isfinite(rank) or not (stem.startswith(TIMING) or "/timing/" in stem):
+            continue
+        skew = table.value(stem + SKEW, slot)
+        found[stem] = (table.value(stem, slot), int(rank), skew if math.isfinite(skew) else None)
+    return found
+
+
+def _leaf(timing_key: str) -> str:
+    """``train/timing/worker_step`` → ``worker_step``: the timer's own name."""
+    return timing_key.rsplit(TIMING, 1)[-1]
+
+
+def _events_and_stalls(files: RunFiles) -> tuple[list[Stall], list[Straggler], list[str]]:
+    notes: list[str] = []
+    stalls: list[Stall] = []
+    if files.stalls is not None and files.stalls.is_dir():
+        for path in sorted(files.stalls.glob("*.json")):
+            try:
+                report = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                notes.append(f"could not read the stall report {path}: {exc}")
+                continue
+            if isinstance(report, dict):
+                stalls.append(_stall(report, path))
+            else:
+                notes.append(f"{path} is not a stall report (not a JSON object)")
+        stalls.sort(key=lambda s: (s.stalled_at or "", s.report))
+
+    stragglers: list[Straggler] = []
+    stall_events: list[Stall] = []
+    if files.events.is_file():
+        skipped = Skipped(files.events.name)
+        try:
+            for _, event in _json_lines(files.events, skipped):
+                step = event.get("step") if type(event.get("step")) is int else None
+                text = str(event.get("text") or event.get("title") or "")
+                if event.get("event") == STRAGGLER_EVENT:
+                    stragglers.append(Straggler(step, text))
+                elif event.get("event") != STALL_EVENT:
+                    continue
+                elif event.get("level") != "info":
+                    at = event.get("time")
+                    when = _iso(at) if isinstance(at, (int, float)) else None
+                    stall_events.append(Stall(str(files.events), when, step, text, None))
+                elif stall_events and stall_events[-1].ended is None:
+                    stall_events[-1].ended = text  # the event that says it ended
+        except OSError as exc:
+            notes.append(f"cannot read {files.events}: {exc.strerror or exc}")
+        notes += skipped.notes()
+    if not stalls and stall_events:
+        # The report could not be written (or lives elsewhere): the events still tell.
+        stalls = stall_events
+        notes.append(f"no stall report found; the stalls listed are the events of {files.events}")
+    return stalls, stragglers, notes
+
+
+def _iso(unix: float) -> str:
+    """A Unix time as the stall reports write it (UTC, seconds)."""
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).isoformat(
+        timespec="seconds"
+    )
+
+
+def _stall(report: Mapping[str, Any], path: Path) -> Stall:
+    verdict = report.get("verdict")
+    text = verdict.get("text") if isinstance(verdict, Mapping) else None
+    if not text:
+        text = report.get("summary") or _summary(report)
+    ended = report.get("ended")
+    last = report.get("last_step")
+    return Stall(
+        report=str(path),
+        stalled_at=str(report["stalled_at"]) if report.get("stalled_at") else None,
+        last_step=last if type(last) is int else None,
+        text=str(text),
+        ended=str(ended.get("summary")) if isinstance(ended, Mapping) else None,
+    )
+
+
+def _summary(report: Mapping[str, Any]) -> str:
+    """A report without a verdict in words: how long, the threshold, the open timers."""
+    text = "no step"
+    since, threshold = report.get("seconds_since_step"), report.get("threshold_seconds")
+    if isinstance(since, (int, float)):
+        text += f" for {duration(float(since))}"
+    if isinstance(threshold, (int, float)):
+        text += f" (threshold {duration(float(threshold))})"
+    timers = report.get("open_timers")
+    if isinstance(timers, Mapping):
+        where = [
+            f"{thread}: {' > '.join(str(t.get('name')) for t in stack if isinstance(t, Mapping))}"
+            for thread, stack in timers.items()
+            if isinstance(stack, list) and stack
+        ]
+        if where:
+            text += "; open timers: " + "; ".join(where)
+    stragglers = report.get("stragglers")
+    if isinstance(stragglers, list) and stragglers:
+        text += f"; {stragglers[0]}"
+    return text
+
+
+def run(target: str | Path, step: int | None = None, top: int = TOP, as_json: bool = False) -> int:
+    """The command: print the answer (or one line on stderr and exit code 2)."""
+    try:
+        answer = explain(target, step=step, top=top)
+    except WhyError as exc:
+        print(f"otel-rl why: {exc}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(answer.to_json(), indent=2))
+    else:
+        sys.stdout.write(answer.to_text())
+    return 0
