@@ -160,6 +160,11 @@ def test_a_stall_is_an_event_of_the_steps_span_and_one_logged_line_with_the_repo
         with logger.timer("generation"):
             report = wait_for(lambda: sorted((log_dir / "stalls").glob("*.txt")), 10,
                                "a report")[0]  # fmt: skip
+            # The watchdog tells the trackers (queued), then the step's span, once the report
+            # is written: the event in events.jsonl means the span has it too.
+            wait_for(lambda: (log_dir / "events.jsonl").exists()
+                     and "otel_rl/stall" in (log_dir / "events.jsonl").read_text(), 10,
+                     "the stall event")  # fmt: skip
         logger.log_metrics({"loss": 0.4}, step=1)
     step_spans = [s for s in spans.get_finished_spans() if s.name == "rl.step"]
     assert [s.attributes.get("rl.step") for s in step_spans] == [0, 1]  # no span without a step
