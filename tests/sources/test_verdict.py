@@ -18,8 +18,8 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -32,19 +32,22 @@ from testkit.servers import free_port
 from testkit.waiting import wait_for
 
 
-def _kill_once_reported(ray: Any, actor: Any, log_dir: Path) -> threading.Thread:
-    """Kill the hung actor (from another thread) once a stall report is written: the call the
-    test's training thread waits in then raises."""
+def _once_reported(
+    log_dir: Path, then: Callable[[], object], timeout: float = 30.0
+) -> threading.Thread:
+    """``then()`` on a thread of its own once the run's first stall report is written (or
+    ``timeout`` passed without one): what releases the wait the test's training thread is stuck
+    in (a hung actor killed, a request answered)."""
 
-    def kill() -> None:
+    def release() -> None:
         try:
-            wait_for(lambda: _reports(log_dir), 90, "a stall report")
+            wait_for(lambda: _reports(log_dir), timeout, "a stall report")
         finally:
-            ray.kill(actor)
+            then()
 
-    killer = threading.Thread(target=kill, daemon=True)
-    killer.start()
-    return killer
+    releaser = threading.Thread(target=release, daemon=True)
+    releaser.start()
+    return releaser
 
 
 def _reports(log_dir: Path) -> list[Path]:
@@ -185,11 +188,7 @@ def test_a_driver_waiting_on_an_engine_is_told_the_engines_counts(tmp_path):
         assert logger.flush(timeout=30)  # step 2's rows are closed: the next window opens
         engine.page = V1_LATER  # what the engine finished since
 
-        def release_once_reported() -> None:
-            wait_for(lambda: _reports(log_dir), 30, "a stall report")
-            engine.released.set()
-
-        threading.Thread(target=release_once_reported, daemon=True).start()
+        _once_reported(log_dir, engine.released.set)
         with logger.timer("generation"):
             assert _get_with_urllib(engine.base + "/v1/completions") == 503
         logger.log_metrics({"loss": 1.0}, step=3)
@@ -217,8 +216,7 @@ def test_a_driver_waiting_on_a_queue_is_told_with_the_queue(tmp_path):
     logger = Logger({"log_dir": str(log_dir), "stalls": {"after": 1, "factor": 2}})
     logger.log_metrics({"loss": 1.0}, step=0)
     results: queue.Queue[int] = queue.Queue()
-    threading.Thread(target=lambda: (wait_for(lambda: _reports(log_dir), 30, "a report"),
-                                     results.put(1)), daemon=True).start()  # fmt: skip
+    _once_reported(log_dir, lambda: results.put(1))
     with logger.timer("rollout"):
         assert results.get(timeout=30) == 1
     logger.log_metrics({"loss": 1.0}, step=1)
@@ -246,8 +244,7 @@ def test_a_queue_whose_own_size_blocks_costs_the_verdict_its_count_never_the_nex
     logger = Logger({"log_dir": str(log_dir), "stalls": {"after": 1, "factor": 2}})
     logger.log_metrics({"loss": 1.0}, step=0)
     results: queue.Queue[int] = RemoteSizedQueue()
-    threading.Thread(target=lambda: (wait_for(lambda: _reports(log_dir), 30, "a report"),
-                                     results.put(1)), daemon=True).start()  # fmt: skip
+    _once_reported(log_dir, lambda: results.put(1))
     with logger.timer("rollout"):
         assert results.get(timeout=30) == 1
     logger.log_metrics({"loss": 1.0}, step=1)
@@ -274,9 +271,7 @@ def test_a_driver_running_an_asyncio_loop_is_told_what_its_task_awaits(tmp_path)
     async def collect_rollouts() -> int:
         results: asyncio.Queue[int] = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        threading.Thread(target=lambda: (wait_for(lambda: _reports(log_dir), 30, "a report"),
-                                         loop.call_soon_threadsafe(results.put_nowait, 1)),
-                         daemon=True).start()  # fmt: skip
+        _once_reported(log_dir, lambda: loop.call_soon_threadsafe(results.put_nowait, 1))
         return await results.get()
 
     with logger.timer("rollout"):
@@ -328,8 +323,7 @@ def test_a_driver_waiting_on_a_thread_primitive_is_told_which(tmp_path, wait, wo
     logger = Logger({"log_dir": str(log_dir), "stalls": {"after": 1, "factor": 2}})
     logger.log_metrics({"loss": 1.0}, step=0)
     release = threading.Event()
-    threading.Thread(target=lambda: (wait_for(lambda: _reports(log_dir), 30, "a report"),
-                                     release.set()), daemon=True).start()  # fmt: skip
+    _once_reported(log_dir, release.set)
     with logger.timer("rollout"):
         wait(release)
     logger.log_metrics({"loss": 1.0}, step=1)
@@ -363,8 +357,7 @@ def test_a_stall_outside_any_timer_names_the_line_the_code_is_on(tmp_path):
     logger.log_metrics({"loss": 1.0}, step=0)
 
     reported = threading.Event()
-    threading.Thread(target=lambda: (wait_for(lambda: _reports(log_dir), 30, "a report"),
-                                     reported.set()), daemon=True).start()  # fmt: skip
+    _once_reported(log_dir, reported.set)
 
     def compute_the_reward_forever() -> None:
         while not reported.is_set():
@@ -448,7 +441,7 @@ def test_a_driver_waiting_on_a_hung_actor_is_told_the_actor_method_and_function(
     for step in range(3):
         logger.log_metrics({"loss": float(step)}, step=step)
 
-    killer = _kill_once_reported(ray, actor, log_dir)
+    killer = _once_reported(log_dir, lambda: ray.kill(actor), timeout=90)
     with (
         logger.timer("step"),
         logger.timer("generation"),
@@ -508,7 +501,7 @@ def test_a_call_queued_behind_a_hung_one_is_told_with_what_the_actor_runs(
     logger.log_metrics({"loss": 0.0}, step=0)
     actor.load_checkpoint.remote(120)
 
-    killer = _kill_once_reported(ray, actor, log_dir)
+    killer = _once_reported(log_dir, lambda: ray.kill(actor), timeout=90)
     with logger.timer("train"), pytest.raises(ray.exceptions.RayActorError):
         ray.get(actor.update.remote())
     killer.join(30)
