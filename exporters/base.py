@@ -16,9 +16,16 @@ from typing import Any, ClassVar
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
 from otel_rl.core.failures import Failure, RowRejected, classify, losses
-from otel_rl.core.records import Event, RowValue, StepBatch, TableRows, last_gauge_value
+from otel_rl.core.records import (
+    Event,
+    Resume,
+    RowValue,
+    StepBatch,
+    TableRows,
+    last_gauge_value,
+)
 from otel_rl.core.redaction import Patterns
-from otel_rl.delivery.channel import Channel
+from otel_rl.delivery.channel import Awaitable, Channel
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.writer import TrackerWriter
 from otel_rl.telemetry.step_reader import STEP_TEMPORALITY
@@ -99,6 +106,16 @@ class TrackerExporter(MetricExporter):
         """Show an :class:`~otel_rl.core.records.Event` (a stall, a straggler) as text; trackers
         without text skip it (the run's log and Prometheus/OTLP carry it anyway)."""
 
+    def continue_run(self, resume_config: Mapping[str, Any]) -> None:
+        """Open the run ``resume_config`` names (what :attr:`resume_config` held in an earlier
+        launch of this run) rather than a new one; called before :meth:`open`. Trackers
+        without a run of their own (files) keep the default, which ignores it."""
+
+    def write_resume(self, resume: Resume) -> None:
+        """The run was relaunched: from ``resume.step`` on, steps belong to ``resume.attempt``
+        and supersede what earlier attempts logged there. Trackers that can hide the superseded
+        steps (TensorBoard) or record the attempts (MLflow tags, a JSONL record) do it here."""
+
     def flush_backend(self) -> None:
         """Push buffered writes out to the tracker (called when the queue runs empty and at
         least every ``export.fsync_interval``): records count as delivered only after it."""
@@ -137,11 +154,13 @@ class TrackerExporter(MetricExporter):
 
     def attach(
         self, options: ExportOptions | None = None, *, redaction: Patterns | None = None,
-        spool_dir: os.PathLike[str] | str | None = None, spool_meta: Mapping[str, Any] | None = None
+        spool_dir: os.PathLike[str] | str | None = None,
+        spool_meta: Mapping[str, Any] | None = None, after: Awaitable | None = None,
     ) -> None:  # fmt: skip
         """Set how this exporter delivers (the run's ``export.*`` options, spool folder and
-        metadata) and the run's extra redaction patterns, before :meth:`start`."""
-        self._channel.attach(options, spool_dir, spool_meta)
+        metadata) and the run's extra redaction patterns, before :meth:`start`. ``after``: what
+        must be done before the first write (a relaunch's earlier launch, delivered first)."""
+        self._channel.attach(options, spool_dir, spool_meta, after)
         if redaction is not None:
             self.redact_own_config(redaction)
 

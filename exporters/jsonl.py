@@ -1,12 +1,15 @@
 """JSONL exporter: one JSON object per row in ``<log_dir>/metrics.jsonl``.
 
-Each line is ``{"step": N, "time": <unix s>, "run_id": "<id>", "metrics": {key: value}}`` (plus
-``"axis"`` for rows on a custom x-axis such as GPU data; ``run_id`` is the Logger's ``run_id``,
-left out when the exporter is built without one). Values are numbers, strings, or histograms as
-``{"count", "sum", "min", "max", "bounds", "counts"}``. NaN and ±inf are written as the bare
-tokens ``NaN``/``Infinity``/``-Infinity`` that Python's ``json`` and pandas read back. The file is
-opened for appending: a second run adds to it, never truncates it, and says so once (a warning
-naming the file) when the file's last row belongs to another run; ``run_id`` tells the runs apart.
+Each line is ``{"step": N, "time": <unix s>, "run_id": "<id>", "attempt": A, "metrics": {key:
+value}}`` (plus ``"axis"`` for rows on a custom x-axis such as GPU data; ``run_id`` is the
+Logger's ``run_id`` and ``attempt`` its launch, 1 unless the run was relaunched; both are left
+out when the exporter is built without them). A relaunched run writes one ``"resume"`` record
+where its attempt begins (:meth:`JsonlExporter.write_resume`). Values are numbers, strings, or
+histograms as ``{"count", "sum", "min", "max", "bounds", "counts"}``. NaN and ±inf are written
+as the bare tokens ``NaN``/``Infinity``/``-Infinity`` that Python's ``json`` and pandas read
+back. The file is opened for appending: a second run adds to it, never truncates it, and says so
+once (a warning naming the file) when the file's last row belongs to another run; ``run_id``
+tells the runs apart.
 Plots are stored beside it as ``plots/<name>/step_<N>.png`` (``<name>`` made safe by
 :func:`otel_rl.core.paths.safe_relative`: never outside that folder) and tables as lines of
 ``tables.jsonl``.
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from otel_rl.core.paths import path_inside
-from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.core.records import Event, HistogramValue, Resume, RowValue, StepBatch, TableRows
 from otel_rl.exporters.base import RowRejected, TrackerExporter
 
 # The start of a row of ours: the run id comes before the metrics, so that reading the first
@@ -39,11 +42,18 @@ class JsonlExporter(TrackerExporter):
     max_batch: ClassVar[int] = 256
 
     def __init__(
-        self, path: str | os.PathLike[str], run_id: str | None = None, **kwargs: Any
+        self,
+        path: str | os.PathLike[str],
+        run_id: str | None = None,
+        attempt: int | None = None,
+        **kwargs: Any,
     ) -> None:
         self.path = Path(path).absolute()  # where it is now, whatever the script's cwd later
         #: Written in every row; ``None`` leaves the field out.
         self.run_id = None if run_id is None else str(run_id)
+        #: The launch of the run the rows belong to (1, 2, ... after relaunches; see
+        #: :meth:`write_resume`), written in every row; ``None`` leaves the field out.
+        self.attempt = None if attempt is None else int(attempt)
         self._file: Any = None
         self._checked_other_run = False
         super().__init__(**kwargs)
@@ -51,7 +61,7 @@ class JsonlExporter(TrackerExporter):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> JsonlExporter:
         path = cfg["jsonl"].get("path") or Path(cfg["log_dir"]) / "metrics.jsonl"
-        return cls(path, run_id=cfg.get("run_id"), **kwargs)
+        return cls(path, run_id=cfg.get("run_id"), attempt=cfg.get("attempt", 1), **kwargs)
 
     def beside(self, name: str) -> Path:
         """Where the run's ``name`` (hyperparameters, tables, events, plots) is kept: beside
@@ -64,7 +74,7 @@ class JsonlExporter(TrackerExporter):
 
     def format_line(self, batch: StepBatch) -> bytes | None:
         """One JSON line for ``batch`` (``None`` skips it); subclasses change the layout."""
-        return _line(batch, self.run_id).encode("utf-8")
+        return _line(batch, self.run_id, self.attempt).encode("utf-8")
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +92,9 @@ class JsonlExporter(TrackerExporter):
         lines = [line for line in map(self.format_line, batches) if line is not None]
         if not lines:
             return
-        data = b"".join(lines)
+        self._write(b"".join(lines))
+
+    def _write(self, data: bytes) -> None:
         start = self._file.seek(0, os.SEEK_END)
         try:
             written = self._file.write(data)
@@ -94,6 +106,19 @@ class JsonlExporter(TrackerExporter):
             with contextlib.suppress(OSError):
                 self._file.truncate(start)
             raise
+
+    def write_resume(self, resume: Resume) -> None:
+        """One record: ``{"step": <first step of the attempt>, ..., "attempt": N, "resume":
+        {"attempt": N, "step": S}, "metrics": {}}``. Rows of earlier attempts at ``step >= S``
+        are superseded (``otel_rl.core.attempts`` reads the file that way)."""
+        self.attempt = max(self.attempt or 1, resume.attempt)
+        record: dict[str, Any] = {"step": resume.step, "time": round(time.time(), 6)}
+        if self.run_id is not None:
+            record["run_id"] = self.run_id
+        record["attempt"] = resume.attempt
+        record["resume"] = {"attempt": resume.attempt, "step": resume.step}
+        record["metrics"] = {}
+        self._write((json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8"))
 
     def _warn_if_another_run(self) -> None:
         """Say once that the file already ends with another run's rows (runs would interleave
@@ -260,10 +285,12 @@ def _last_run_id(path: Path) -> str | bool | None:
         return None
 
 
-def _line(batch: StepBatch, run_id: str | None = None) -> str:
+def _line(batch: StepBatch, run_id: str | None = None, attempt: int | None = None) -> str:
     record: dict[str, Any] = {"step": batch.step, "time": round(batch.time, 6)}
     if run_id is not None:
         record["run_id"] = run_id
+    if attempt is not None:
+        record["attempt"] = attempt
     if batch.axis:
         record["axis"] = batch.axis
     record["metrics"] = {k: _value(v) for k, v in batch.rows.items()}

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from otel_rl.core.errors import ConfigError
-from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.core.records import Event, HistogramValue, Resume, RowValue, StepBatch, TableRows
 from otel_rl.core.redaction import collect_secrets, redact_text, secret_values
 from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.mlflow_names import NameMap, sanitize
@@ -286,6 +286,21 @@ class MlflowExporter(TrackerExporter):
         self._log_file(folder, filename, f"{event.title}\n\n{event.text}\n".encode())
 
     @_scrubs_errors
+    def continue_run(self, resume_config: Mapping[str, Any]) -> None:
+        self.run_id = (resume_config.get("mlflow") or {}).get("run_id") or self.run_id
+
+    @_scrubs_errors
+    def write_resume(self, resume: Resume) -> None:
+        # MLflow keeps every value logged at a step (its history shows both attempts there;
+        # the charts draw the latest): the tags say which attempts the run had and where each
+        # began, so the superseded values can be told apart by time.
+        tags = self._client.get_run(self.run_id).data.tags
+        steps = [s for s in tags.get("otel_rl.resume_steps", "").split(",") if s]
+        self._client.set_tag(self.run_id, "otel_rl.attempts", str(resume.attempt))
+        self._client.set_tag(
+            self.run_id, "otel_rl.resume_steps", ",".join([*steps, str(resume.step)])
+        )
+
     def close(self, exit_code: int) -> None:
         if self._client is not None and self.run_id:
             self._client.set_terminated(self.run_id, status=run_status(exit_code))

@@ -7,8 +7,17 @@ of ``online`` (SwanLab's own default; needs ``swanlab login``), ``local``, ``off
 
 SwanLab keeps a step per key, so rows on another x-axis (GPU data on ``ray/ray_step``) are logged
 at their own axis value without touching the training step. It keeps the *first* value logged
-for a (key, step) and silently discards later ones; a training step that goes backwards is
-warned about here and still sent (keys that have no value at that step yet are stored).
+for a (key, step) and silently discards later ones: the exporter keeps the steps each key was
+sent at (as SwanLab does, in a compressed bitmap) and, rather than sending a value SwanLab would
+discard, names it in a warning and counts it (``refused_repeats``). A value for a step its key
+has no value at yet (a validation logged after its step was finished) is stored.
+
+A relaunched run (same ``run_id`` and ``log_dir``, ``otel_rl/run/history.py``) reopens the
+SwanLab run of the launch before it (``id``, ``resume: allow``): offline and local, each launch
+writes its own ``run-<time>-<id>`` folder with the same id; online (and when such a folder is
+synced) SwanLab refuses the values of steps that run already holds, keeping the earlier
+attempt's. :meth:`SwanLabExporter.write_resume` says so, with the step, and records the attempts
+in the run's config.
 
 Strings become ``swanlab.Text``, plots ``swanlab.Image``; SwanLab has no histogram or table type,
 so a histogram is logged as its ``/count, /sum, /mean, /min, /max`` scalars and tables are
@@ -23,22 +32,31 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.core.records import Event, HistogramValue, Resume, RowValue, StepBatch, TableRows
 from otel_rl.exporters.conversions import png_to_image
-from otel_rl.exporters.sdk_run import SdkRunExporter
+from otel_rl.exporters.sdk_run import RESUME_STEPS_KEY, SdkRunExporter, attempts_config
+from otel_rl.process.fork_safe_log import log as _log
 
 
 class SwanLabExporter(SdkRunExporter):
     name: ClassVar[str] = "swanlab"
     backwards_policy: ClassVar[str] = (
-        "SwanLab keeps only the first value of a key at a step, so values of keys already "
-        "logged at that step are discarded by SwanLab (keys new at that step are kept)"
+        "SwanLab keeps only the first value of a key at a step: values of keys already logged "
+        "at that step are not sent and are named in a warning of their own (keys new at that "
+        "step are kept)"
     )
     repeat_is_backwards: ClassVar[bool] = True
     requires: ClassVar[tuple[str, ...]] = ("swanlab",)
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self._swanlab: Any = None
+        #: The steps each key was sent at (``pyroaring.BitMap64``, which SwanLab itself uses;
+        #: ``None`` when it is not installed: SwanLab's discards are then only warned about
+        #: as a step that repeats).
+        self._steps_of: dict[str, Any] | None = None
+        self._bitmap: Any = None
+        #: Values not sent because SwanLab keeps the value their key already has at that step.
+        self.refused_repeats: dict[str, int] = {}
         super().__init__(init_kwargs, **kwargs)
 
     @classmethod
@@ -55,6 +73,13 @@ class SwanLabExporter(SdkRunExporter):
         import swanlab
 
         self._swanlab = swanlab
+        try:
+            from pyroaring import BitMap64  # SwanLab's own dependency since 0.7
+
+            self._bitmap = BitMap64
+            self._steps_of = {}
+        except ImportError:
+            self._steps_of = None
         kwargs = dict(self.init_kwargs)
         # SwanLab before 0.7 called the directory ``logdir``.
         accepted = inspect.signature(swanlab.init).parameters
@@ -102,6 +127,20 @@ class SwanLabExporter(SdkRunExporter):
     def write_event(self, event: Event) -> None:
         self._log({event.name: self._swanlab.Text(f"{event.title}\n\n{event.text}")}, event.step)
 
+    def write_resume(self, resume: Resume) -> None:
+        """Record the attempt in the run's config (``otel_rl.attempts``,
+        ``otel_rl.resume_steps``, as W&B's) and say what SwanLab keeps of the repeated steps."""
+        earlier = self.run.config.get(RESUME_STEPS_KEY)
+        self.run.config.update(attempts_config(resume.attempt, resume.step, earlier))
+        self._warn_once(
+            "resume",
+            "%s: run resumed at step %d (attempt %d). SwanLab keeps the first value of a key at "
+            "a step: online, and when this offline run is synced, the values this attempt logs "
+            "at steps the earlier attempt already logged are refused by SwanLab, which keeps "
+            "the earlier attempt's; the steps after those hold this attempt's values",
+            self.name, resume.step, resume.attempt,
+        )  # fmt: skip
+
     def close(self, exit_code: int) -> None:
         if self.run is None:
             return
@@ -114,8 +153,34 @@ class SwanLabExporter(SdkRunExporter):
     # ---- helpers -----------------------------------------------------------------------------
 
     def _log(self, data: dict[str, Any], step: int) -> None:
+        # SwanLab refuses a negative step itself (a bitmap holds none): those are not followed.
+        steps_of = self._steps_of if step >= 0 else None
+        if steps_of is not None:
+            repeated = [key for key in data if key in steps_of and step in steps_of[key]]
+            if repeated:
+                self._report_repeats(repeated, step)
+                data = {k: v for k, v in data.items() if k not in repeated}
+                if not data:
+                    return
         with self.refused_content():
             self.run.log(data, step=step)
+        if steps_of is not None:  # after the SDK took them: a retried row is sent whole
+            for key in data:
+                if key not in steps_of:
+                    steps_of[key] = self._bitmap()
+                steps_of[key].add(step)
+
+    def _report_repeats(self, keys: list[str], step: int) -> None:
+        new = [key for key in keys if key not in self.refused_repeats]
+        for key in keys:
+            self.refused_repeats[key] = self.refused_repeats.get(key, 0) + 1
+        if new:
+            _log.warning(
+                "otel-rl: %s: %s at step %d not sent: SwanLab keeps the first value of a key at "
+                "a step and would discard it, since the key has a value there already; further "
+                "repeats of these keys are counted in the exporter's refused_repeats",
+                self.name, ", ".join(repr(key) for key in new), step,
+            )  # fmt: skip
 
 
 def _summary(value: HistogramValue) -> dict[str, float]:

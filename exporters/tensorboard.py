@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.core.records import Event, HistogramValue, Resume, RowValue, StepBatch, TableRows
 from otel_rl.exporters.base import RowRejected, TrackerExporter
 from otel_rl.exporters.tensorboard_summaries import (
     HPARAMS_START_TAG,
@@ -68,7 +68,7 @@ class TensorBoardExporter(TrackerExporter):
         self._crc = _crc32c()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         name = (
-            f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
+            f"events.out.tfevents.{_after_every_file_in(self.log_dir)}.{socket.gethostname()}."
             f"{os.getpid()}.{next(_FILE_COUNTER)}"
         )
         self._file = (self.log_dir / name).open("ab")
@@ -157,6 +157,17 @@ class TensorBoardExporter(TrackerExporter):
     def write_event(self, event: Event) -> None:
         text = f"**{event.title}**\n\n```\n{event.text}\n```"
         self._write_values(event.step, [text_value(event.name, text)], time.time())
+
+    def write_resume(self, resume: Resume) -> None:
+        # TensorBoard's own purge step: a SessionLog START at step S hides, for every tag, the
+        # events at steps >= S read before it (the superseded attempt's), so each step shows the
+        # new attempt's value. Readers go through a folder's files in name order, which puts
+        # this file after the earlier launches' (see _after_every_file_in).
+        event_pb2 = self._pb[0]
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self._write_event(
+            event_pb2.Event(wall_time=time.time(), step=resume.step, session_log=start)
+        )
 
     def flush_backend(self) -> None:
         if self._file is not None:
@@ -275,3 +286,15 @@ def _whole_records(data: bytes) -> tuple[bool, int]:
             return False, count
         count += 1
     return True, count
+
+
+def _after_every_file_in(folder: Path) -> int:
+    """The seconds that name a new event file: now, or one past the newest file of ``folder``
+    when that is later (a relaunch within the second its earlier launch's replay wrote), so that
+    the new file sorts last and TensorBoard's purge step in it applies to the earlier ones."""
+    now = int(time.time())
+    for entry in os.scandir(folder):
+        stamp = entry.name.removeprefix("events.out.tfevents.").partition(".")[0]
+        if entry.name.startswith("events.out.tfevents.") and stamp.isdigit():
+            now = max(now, int(stamp) + 1)
+    return now

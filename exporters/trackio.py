@@ -7,6 +7,10 @@ the current run in a context variable and fails on any thread but the one that c
 Local data lives in Trackio's SQLite store, ``$TRACKIO_DIR/<project>.db`` (Trackio reads
 ``TRACKIO_DIR`` when it is imported; default ``~/.cache/huggingface/trackio``).
 
+A relaunched run (same ``run_id`` and ``log_dir``, ``otel_rl/run/history.py``) continues the
+Trackio run of the launch before it (``name``, ``resume: allow``); the attempts are recorded in
+its config (:meth:`TrackioExporter.write_resume`).
+
 Trackio keeps every row, also a repeated or earlier step. Rows on another x-axis (GPU data on
 ``ray/ray_step``) are logged at their axis value as Trackio's step, with the axis key in the row.
 """
@@ -16,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from otel_rl.core.records import HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.core.records import HistogramValue, Resume, RowValue, StepBatch, TableRows
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
-from otel_rl.exporters.sdk_run import SdkRunExporter
+from otel_rl.exporters.sdk_run import RESUME_STEPS_KEY, SdkRunExporter, attempts_config
 
 
 class TrackioExporter(SdkRunExporter):
@@ -97,6 +101,13 @@ class TrackioExporter(SdkRunExporter):
         run = self._ensure_run()
         table = self._trackio.Table(columns=list(columns), data=[list(r) for r in rows])
         self._log(run, {name: table}, step)
+
+    def write_resume(self, resume: Resume) -> None:
+        """Record the attempt in the run's config (``otel_rl.attempts``,
+        ``otel_rl.resume_steps``, as W&B's). Trackio keeps the rows of both attempts at a
+        repeated step."""
+        earlier = self.run.config.get(RESUME_STEPS_KEY) if self.run is not None else None
+        self.write_hyperparams(attempts_config(resume.attempt, resume.step, earlier))
 
     def close(self, exit_code: int) -> None:
         # Trackio has no run status; the exit code is not recorded.

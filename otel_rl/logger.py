@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,13 @@ from otel_rl.core.redaction import compile_patterns, flatten_params, redact
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import exit_code_of
+from otel_rl.run.history import (
+    ATTEMPT_KEY,
+    LAUNCH_KEY,
+    RUN_ID_ENV,
+    RunHistory,
+    continue_tracker_runs,
+)
 from otel_rl.run.intake import Intake
 from otel_rl.run.run import Run
 from otel_rl.telemetry.timing import Timer
@@ -40,16 +48,30 @@ class Logger:
     ) -> None:
         self.config = cfg = resolve_config(cfg)
         self.log_dir = Path(cfg["log_dir"])
-        self.run_id = str(cfg["run_id"] or uuid.uuid4().hex[:12])
-        # The config says which run it is, for exporters that record it (JSONL rows) and for
-        # ``otel-rl replay``, which rebuilds them from the config kept in the spool.
+        given = cfg["run_id"] if cfg["run_id"] is not None else os.environ.get(RUN_ID_ENV)
+        named = given is not None and bool(str(given).strip())
+        if given is not None and not named:
+            # An unset job id expanded to nothing: the run cannot be continued by a relaunch.
+            _log.warning("otel-rl: run_id is empty (config or %s); a random one is used, so a "
+                         "relaunch will not continue this run", RUN_ID_ENV)  # fmt: skip
+        self.run_id = str(given) if named else uuid.uuid4().hex[:12]
+        #: The launches of this run in ``log_dir`` (``resume``): ``history.attempt`` is this
+        #: launch's number, 1 for a new run.
+        self.history = history = RunHistory.begin(self.log_dir, self.run_id, cfg["resume"])
+        # The config says which run and attempt it is, for exporters that record it (JSONL
+        # rows) and for ``otel-rl replay``, which rebuilds them from the config in the spool.
         cfg["run_id"] = self.run_id
+        cfg[ATTEMPT_KEY], cfg[LAUNCH_KEY] = history.attempt, history.launch
+        continue_tracker_runs(cfg, history.tracker_runs())
         self._strict = bool(cfg["strict"])
         self._report = MetricReporter(self._strict, _log)
         self._redaction = compile_patterns(tuple(cfg["redaction"]["extra_patterns"]))
         self._run = run = Run(cfg, exporters, run_id=self.run_id, redaction=self._redaction,
                               report=self._report)  # fmt: skip
         run.facades.append(weakref.ref(self))
+        history.record()
+        if history.resumed:
+            run.steps.resume_attempt = history.attempt
         self._intake = Intake(run, cfg["reductions"], strict=self._strict, report=self._report,
                               anatomy=bool(cfg["anatomy"]))  # fmt: skip
         self._fanout = run.fanout

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from otel_rl.core.attempts import latest_attempt, resume_of
+
 
 def tensorboard_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """``{tag: [(step, value), ...]}`` read with TensorBoard's EventAccumulator (no size cap)."""
@@ -25,14 +27,29 @@ def tensorboard_accumulator(log_dir: str | Path) -> Any:
 
 
 def jsonl_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Every line of a JSONL file, decoded, as written: of a relaunched run's ``metrics.jsonl``,
+    every attempt's rows and the resume records too (:func:`metric_rows` reads the rows that
+    count)."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def rows_by_step(path: str | Path) -> dict[int, dict[str, Any]]:
-    """Each step's values in a ``metrics.jsonl``, the rows of one step merged in file order."""
+def metric_rows(path: str | Path, every_attempt: bool = False) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``, in file order: of a relaunched run, the latest attempt of
+    each step (``otel_rl.core.attempts``; no resume record, no superseded row). ``every_attempt``:
+    every row of every attempt, still without the resume records."""
+    records = jsonl_rows(path)
+    if every_attempt:
+        return [r for r in records if resume_of(r) is None]
+    return latest_attempt(records).rows
+
+
+def rows_by_step(path: str | Path, every_attempt: bool = False) -> dict[int, dict[str, Any]]:
+    """Each step's values in a ``metrics.jsonl``, the rows of one step merged in file order: of
+    a relaunched run, the latest attempt's (``every_attempt``: every attempt's rows merged, the
+    later lines winning)."""
     out: dict[int, dict[str, Any]] = {}
-    for row in jsonl_rows(path):
+    for row in metric_rows(path, every_attempt):
         out.setdefault(row["step"], {}).update(row["metrics"])
     return out
 

@@ -128,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for a spool in use by the live run or another replay (default 0: "
         "say who holds it and go on; exit 75 if that was all that was left)",
     )  # fmt: skip
+    replay.add_argument(
+        "--run", dest="run_id", default=None, metavar="RUN_ID",
+        help="only the spools of this run_id (all its launches, oldest first)",
+    )  # fmt: skip
+    replay.add_argument(
+        "--before-attempt", type=positive_int, default=None, metavar="N",
+        help="with --run: only the launches before attempt N (what a relaunch delivers first)",
+    )  # fmt: skip
     replay.set_defaults(run=_replay)
 
     from otel_rl.cli import gpu_monitor
@@ -174,7 +182,8 @@ def _why(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from otel_rl.cli.replay import run
 
-    return run(args.log_dir, progress=not args.no_progress, timeout=args.timeout, wait=args.wait)
+    return run(args.log_dir, progress=not args.no_progress, timeout=args.timeout, wait=args.wait,
+               run_id=args.run_id, before_attempt=args.before_attempt)  # fmt: skip
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -50,6 +50,7 @@ from otel_rl.delivery.intake import complete_spools
 from otel_rl.delivery.registry import exporter_class
 from otel_rl.delivery.spool import (
     OPAQUE,
+    REPLAY_LOCK,
     STEP,
     Acks,
     Attempt,
@@ -65,15 +66,19 @@ from otel_rl.delivery.spool import (
     pending_count,
     read_acks,
     read_lines,
+    read_meta,
     record_at,
     segment_paths,
     spool_root,
+    spools_of_run,
+    tracker_runs_of,
     waiting_records,
     walk,
     write_meta,
 )
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import KILLED_EXIT_CODE
+from otel_rl.run.history import ATTEMPT_KEY, LAUNCH_KEY
 
 #: ``otel-rl replay``'s exit code when a spool was in use (by the live run or another replay)
 #: and everything else went through: try again later (``EX_TEMPFAIL``).
@@ -118,19 +123,44 @@ class ReplayResult:
         return {reason: n for reason, n in lost.items() if n}
 
 
-def spooled_runs(log_dir: str | Path) -> list[Path]:
-    """Spool directories (one per tracker and run) under ``log_dir``: each with its
-    ``meta.json``, or with segments only (its metadata lost: reported, never skipped)."""
+def spooled_runs(
+    log_dir: str | Path, run_id: str | None = None, before_attempt: int | None = None
+) -> list[Path]:
+    """Spool directories (one per tracker and launch of a run) under ``log_dir``: each with its
+    ``meta.json``, or with segments only (its metadata lost: reported, never skipped). The
+    launches of one run come in the order they ran (their attempt), so a tracker gets an earlier
+    attempt's records before a later one's. ``run_id``: only that run's; ``before_attempt``: only
+    its launches before that one (a relaunch completing its earlier launches, never its own)."""
     root = spool_root(log_dir)
     found = {p.parent for p in root.glob("*/*/meta.json")}
     found |= {p.parent for p in root.glob("*/*/wal-*.jsonl")}
-    return sorted(found)
+    if run_id is not None:
+        found = {d for d in found if _run_of(d) == run_id}
+    if before_attempt is not None:
+        found = {d for d in found if _attempt_of(d) < before_attempt}
+    return sorted(found, key=lambda d: (d.parent.name, _run_of(d), _attempt_of(d), d.name))
+
+
+def _run_of(directory: Path) -> str:
+    meta = read_meta(directory)
+    return str(meta.get("run_id", directory.name.partition("%restart-")[0]))
+
+
+def _attempt_of(directory: Path) -> int:
+    attempt = read_meta(directory).get("attempt", 1)
+    return attempt if type(attempt) is int else 1
 
 
 def replay(
-    log_dir: str | Path, progress: bool = True, timeout: float = 300.0, wait: float = 0.0
+    log_dir: str | Path,
+    progress: bool = True,
+    timeout: float = 300.0,
+    wait: float = 0.0,
+    run_id: str | None = None,
+    before_attempt: int | None = None,
 ) -> list[ReplayResult]:
-    """Replay every spool under ``log_dir``; returns what each tracker had and got.
+    """Replay every spool under ``log_dir`` (``run_id``, ``before_attempt``: that run's only, as
+    :func:`spooled_runs` selects); returns what each tracker had and got.
 
     A spool in use (the run is alive, or another replay delivers it) is waited for up to
     ``wait`` seconds, then left alone and reported (``ReplayResult.busy``).
@@ -139,11 +169,16 @@ def replay(
     results = []
     with _signals_deferred() as interrupted:
         # What delivery processes were handed and never spooled joins the spools first.
-        for intake in complete_spools(log_dir, wait, stop=lambda: bool(interrupted)):
+        # A relaunch completing its earlier launches (before_attempt) waits for no live
+        # launch's handoff: the one in use is its own delivery process's.
+        handoffs_wait = 0.0 if before_attempt is not None else wait
+        for intake in complete_spools(log_dir, handoffs_wait, stop=lambda: bool(interrupted)):
+            if intake.busy is not None and before_attempt is not None:
+                continue
             if intake.busy is not None or intake.error is not None:
                 results.append(ReplayResult("handoff", f"pid {intake.pid}", 0, 0,
                                             busy=intake.busy, error=intake.error))  # fmt: skip
-        for directory in spooled_runs(log_dir):
+        for directory in spooled_runs(log_dir, run_id, before_attempt):
             if interrupted:
                 break
             try:
@@ -196,7 +231,12 @@ def _signals_deferred() -> Iterator[list[int]]:
 
 
 def run(
-    log_dir: str | Path, progress: bool = True, timeout: float = 300.0, wait: float = 0.0
+    log_dir: str | Path,
+    progress: bool = True,
+    timeout: float = 300.0,
+    wait: float = 0.0,
+    run_id: str | None = None,
+    before_attempt: int | None = None,
 ) -> int:
     """The command: replay, print one line per tracker and run, return the exit code."""
     import sys
@@ -204,6 +244,10 @@ def run(
     if not str(log_dir) or not Path(log_dir).is_dir():
         print(f"otel-rl replay: {str(log_dir) or repr('')} is not a directory", file=sys.stderr)
         return 2
+    if run_id is not None and not spooled_runs(log_dir, run_id, before_attempt):
+        print(f"otel-rl replay: nothing spooled for run {run_id!r} under {log_dir}",
+              file=sys.stderr)  # fmt: skip
+        return 0
     if not spooled_runs(log_dir):
         counts = {
             run.parent: sum(waiting_records(d) for d in spooled_runs(run.parent))
@@ -221,7 +265,8 @@ def run(
         return 0
     interrupted = 0
     try:
-        results = replay(log_dir, progress=progress, timeout=timeout, wait=wait)
+        results = replay(log_dir, progress=progress, timeout=timeout, wait=wait, run_id=run_id,
+                         before_attempt=before_attempt)  # fmt: skip
     except _Interrupted as stop:
         results, interrupted = stop.results, stop.signum
     status = 0
@@ -289,7 +334,16 @@ def _replay_one(
             f"its {waiting} waiting record(s) cannot be delivered; restore the file (each "
             "spool folder of the run holds the same config) and run replay again"
         ))  # fmt: skip
-    lock = SpoolLock(directory, "otel-rl replay")
+    if not meta.get("resume"):
+        # A launch that ended before its tracker opened a run continues the run another launch
+        # of it opened (replayed in attempt order: an earlier one's replay may just have).
+        opened = tracker_runs_of(log_dir, run_id).get(tracker)
+        if opened:
+            meta = {**meta, "resume": opened}
+    ended = _ended_later(log_dir, run_id, tracker, meta)
+    if ended is not None:  # the run's status is its latest launch's, not this earlier one's
+        meta = {**meta, "exit_code": ended}
+    lock = SpoolLock(directory, REPLAY_LOCK)
     try:
         lock.acquire(wait, stop=lambda: bool(interrupted))  # Ctrl-C ends the wait too
     except SpoolBusy as busy:
@@ -301,6 +355,21 @@ def _replay_one(
         return _deliver_spool(directory, log_dir, meta, progress, timeout, interrupted)
     finally:
         lock.release()
+
+
+def _ended_later(
+    log_dir: Path, run_id: str, tracker: str, meta: Mapping[str, Any]
+) -> int | None:
+    """The exit code of the latest launch of ``run_id`` after the one ``meta`` describes that
+    ended and closed ``tracker``'s run, if any."""
+    attempt = meta.get("attempt", 1)
+    later = [
+        (m["attempt"], m["exit_code"])
+        for m in map(read_meta, spools_of_run(log_dir, run_id))
+        if m.get("tracker") == tracker and type(m.get("attempt")) is int
+        and type(attempt) is int and m["attempt"] > attempt and type(m.get("exit_code")) is int
+    ]  # fmt: skip
+    return max(later)[1] if later else None
 
 
 def _shown(run_id: str) -> str:
@@ -359,9 +428,13 @@ def _deliver_plan(
     interrupted: list[int],
 ) -> ReplayResult:
     directory = plan.directory
-    cfg = resolve_config(_merge(meta.get("config") or {}, meta.get("resume") or {}))
-    # Rows written by replay name the run they belong to, as the live run's rows do.
+    saved = dict(meta.get("config") or {})
+    # The launch's own keys (added by the Logger to its resolved config, never the user's).
+    launch = {key: saved.pop(key) for key in (ATTEMPT_KEY, LAUNCH_KEY) if key in saved}
+    cfg = resolve_config(_merge(saved, meta.get("resume") or {}))
+    # Rows written by replay name the run and the attempt they belong to, as the live run's do.
     cfg["run_id"] = cfg["run_id"] or run_id
+    cfg.update(launch)
     # The folder holding the spool is the run's log_dir, wherever it was moved or copied: the
     # outputs kept inside it (the trackers' defaults) are written there.
     cfg["log_dir"] = str(log_dir)

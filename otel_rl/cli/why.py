@@ -13,7 +13,9 @@ in the step), ``anatomy/untimed/seconds``, ``anatomy/wall/seconds``,
 ``anatomy/<role>/busy_fraction`` and ``anatomy/<role>/busiest_rank`` (or ``slowest_rank``), and
 every reduced timing's ``…timing/<name>``, ``…/slowest_rank`` and ``…/skew``. A run without
 anatomy rows (logged before they existed) is measured by the sum of its top-level
-``timing/<name>`` rows instead, and the answer says so.
+``timing/<name>`` rows instead, and the answer says so. Of a relaunched run, each step is its
+latest attempt's (``otel_rl.core.attempts``): the rows a later attempt's resume record
+supersedes are left out, and the answer says where each attempt resumed and how many it left out.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from otel_rl.core.attempts import FIRST_ATTEMPT, ResumePoint, Resumes, attempt_of, resume_of
 
 __all__ = ["Answer", "WhyError", "duration", "explain", "percent", "run", "step_ranges", "times"]
 
@@ -121,6 +125,24 @@ class StepColumns:
     #: Rows on another x-axis (the GPU bridge's seconds): not training steps.
     other_axis: int = 0
     run_ids: dict[str | None, None] = field(default_factory=dict)
+    #: Each slot's attempt and its number of rows (a relaunched run, ``core/attempts.py``).
+    attempts: list[int] = field(default_factory=list)
+    slot_rows: list[int] = field(default_factory=list)
+    resumes: Resumes = field(default_factory=Resumes)
+    #: ``{(run_id, attempt): rows}`` superseded by a later attempt's resume record, left out.
+    superseded: dict[tuple[str | None, int], int] = field(default_factory=dict)
+    #: Slots whose rows were all superseded (their step has no row unless a later one fills it).
+    vacant: set[int] = field(default_factory=set)
+
+    def live_steps(self) -> list[int]:
+        """The steps that have rows, in the order first seen."""
+        if not self.vacant:
+            return self.steps
+        return [step for slot, step in enumerate(self.steps) if slot not in self.vacant]
+
+    def has_step(self, step: int) -> bool:
+        slot = self.slots.get(step)
+        return slot is not None and slot not in self.vacant
 
     def value(self, key: str, slot: int) -> float:
         column = self.columns.get(key)
@@ -135,24 +157,37 @@ class StepColumns:
             return []
         return [(slot, v) for slot, v in enumerate(column) if math.isfinite(v)]
 
-    def add(self, step: int, run_id: str | None, pairs: Iterable[tuple[str, Any]]) -> None:
+    def add(
+        self, step: int, run_id: str | None, pairs: Iterable[tuple[str, Any]],
+        attempt: int = FIRST_ATTEMPT,
+    ) -> None:  # fmt: skip
         """One row of ``step``: its kept ``(key, value)`` pairs (numbers, and the critical path's
-        text). A row of another run than the one that wrote the step replaces that run's."""
+        text). A row of another run than the one that wrote the step replaces that run's; a row
+        a later attempt's resume record supersedes is left out (counted)."""
         self.rows += 1
         self.run_ids.setdefault(run_id, None)
+        if self.resumes and self.resumes.supersedes(run_id, attempt, step):
+            left_out = (run_id, attempt)
+            self.superseded[left_out] = self.superseded.get(left_out, 0) + 1
+            return
         slot = self.slots.get(step)
         if slot is None:
             slot = self.slots[step] = len(self.steps)
             self.steps.append(step)
             self.runs.append(run_id)
+            self.attempts.append(attempt)
+            self.slot_rows.append(0)
+        elif slot in self.vacant:
+            self.vacant.discard(slot)
+            self.runs[slot], self.attempts[slot], self.slot_rows[slot] = run_id, attempt, 0
         elif self.runs[slot] != run_id:
             # Another run (a resumed one) wrote this step again: its row is the step now.
-            self.runs[slot] = run_id
+            self.runs[slot], self.attempts[slot], self.slot_rows[slot] = run_id, attempt, 0
             self.rewritten.add(step)
-            for column in self.columns.values():
-                if slot < len(column):
-                    column[slot] = math.nan
-            self.critical_paths.pop(slot, None)
+            self._clear(slot)
+        elif attempt > self.attempts[slot]:
+            self.attempts[slot] = attempt
+        self.slot_rows[slot] += 1
         columns = self.columns
         for key, value in pairs:
             if type(value) is float or type(value) is int:
@@ -170,6 +205,28 @@ class StepColumns:
                 kept[slot] = value
             elif key == CRITICAL_PATH_KEY and isinstance(value, str):
                 self.critical_paths[slot] = value
+
+    def resume(self, point: ResumePoint) -> None:
+        """A resume record: the rows already kept that it supersedes are taken out (their
+        steps keep a slot, vacant until a row of the new attempt fills it)."""
+        self.resumes.add(point)
+        supersedes = self.resumes.supersedes
+        for slot, step in enumerate(self.steps):
+            run_id, attempt = self.runs[slot], self.attempts[slot]
+            if slot in self.vacant or run_id != point.run_id or attempt >= point.attempt:
+                continue
+            if supersedes(run_id, attempt, step):
+                key = (run_id, attempt)
+                self.superseded[key] = self.superseded.get(key, 0) + self.slot_rows[slot]
+                self.slot_rows[slot] = 0
+                self.vacant.add(slot)
+                self._clear(slot)
+
+    def _clear(self, slot: int) -> None:
+        for column in self.columns.values():
+            if slot < len(column):
+                column[slot] = math.nan
+        self.critical_paths.pop(slot, None)
 
     def step_times(self) -> tuple[array[float], str]:
         """Each slot's step time and what measured it: ``anatomy/wall/seconds``, or (a run
@@ -237,7 +294,8 @@ def _json_lines(path: Path, skipped: Skipped) -> Iterator[tuple[int, dict[str, A
 # value. Only a string can hold a key followed by ``":``: between strings there are only numbers
 # and punctuation, and inside one a quote is escaped (a line holding ``\"`` is decoded as JSON).
 _ROW_HEAD = re.compile(
-    rb'\{"step":(-?\d+),"time":[^,]*(?:,"run_id":(null|"[^"]*"))?'
+    rb'\{"step":(-?\d+),"time":[^,]*(?:,"run_id":(null|"[^"]*"))?(?:,"attempt":([1-9]\d*))?'
+    rb'(?:,"resume":\{"attempt":([2-9]|[1-9]\d+),"step":(-?\d+)\})?'
     rb'(?:,"axis":(null|"[^"]*"))?,"metrics":\{'
 )
 _KEPT_PAIR = re.compile(
@@ -247,7 +305,8 @@ _KEPT_PAIR = re.compile(
 
 def read_metrics(path: Path) -> tuple[StepColumns, Skipped]:
     """The kept rows of every step of ``metrics.jsonl``; rows on another x-axis (the GPU
-    bridge's) are not steps and are counted apart.
+    bridge's) are not steps and are counted apart. Of a relaunched run, the latest attempt of
+    each step (``otel_rl.core.attempts``): a resume record takes out the rows it supersedes.
 
     A whole line in the exporter's layout is read by :data:`_KEPT_PAIR` alone (the rows it
     keeps are a few of a row's hundred keys, and decoding the rest is most of the time); any
@@ -262,17 +321,31 @@ def read_metrics(path: Path) -> tuple[StepColumns, Skipped]:
             whole = raw.endswith(b"}}\n") and b'\\"' not in raw
             head = _ROW_HEAD.match(raw) if whole else None
             if head is not None:
-                step, run, axis = head.groups()
-                if axis is not None and axis != b"null":
-                    table.other_axis += 1
-                    continue
+                step, run, attempt, resumed, resumed_at, axis = head.groups()
                 run_id = runs.get(run)
                 if run_id is None and run is not None and run != b"null":
                     run_id = runs[run] = json.loads(run)
-                table.add(int(step), run_id, _kept_pairs(raw, head.end(), keys))
+                if resumed is not None:
+                    table.resume(ResumePoint(int(resumed), int(resumed_at), run_id))
+                    continue
+                if axis is not None and axis != b"null":
+                    table.other_axis += 1
+                    continue
+                table.add(
+                    int(step), run_id, _kept_pairs(raw, head.end(), keys),
+                    FIRST_ATTEMPT if attempt is None else int(attempt),
+                )  # fmt: skip
                 continue
             record = _json_line(raw, number, skipped)
             if record is None:
+                continue
+            try:
+                point = resume_of(record)
+            except ValueError:
+                skipped.lines.append(number)
+                continue
+            if point is not None:
+                table.resume(point)
                 continue
             step_number, metrics = record.get("step"), record.get("metrics")
             if type(step_number) is not int or not isinstance(metrics, dict):
@@ -286,6 +359,7 @@ def read_metrics(path: Path) -> tuple[StepColumns, Skipped]:
                 step_number,
                 run_id if isinstance(run_id, str) else None,
                 ((k, v) for k, v in metrics.items() if _kept(k, wanted)),
+                attempt_of(record),
             )
     return table, skipped
 
@@ -455,6 +529,16 @@ class Straggler:
 
 
 @dataclass
+class Attempts:
+    """Of a relaunched run (``core/attempts.py``): where each later attempt resumed
+    (``{"run_id", "attempt", "step"}``) and how many rows of each earlier attempt it superseded
+    (``{"run_id", "attempt", "rows"}``), left out of every number of the answer."""
+
+    resumes: list[dict[str, Any]]
+    superseded: list[dict[str, Any]]
+
+
+@dataclass
 class Answer:
     """Everything ``otel-rl why`` says about a run; :meth:`to_text` and :meth:`to_json`."""
 
@@ -468,6 +552,8 @@ class Answer:
     stalls: list[Stall]
     stragglers: list[Straggler]
     notes: list[str]
+    #: A relaunched run's resume points and the rows of earlier attempts they superseded.
+    attempts: Attempts = field(default_factory=lambda: Attempts([], []))
 
     def to_text(self) -> str:
         lines = [f"otel-rl why: {self.metrics} ({self.steps} steps: {self.step_ranges})"]
@@ -504,6 +590,7 @@ class Answer:
             "stalls": [_plain(s) for s in self.stalls],
             "stragglers": [_plain(s) for s in self.stragglers],
             "notes": self.notes,
+            "attempts": _plain(self.attempts),
         }
 
 
@@ -564,10 +651,11 @@ def explain(target: str | Path, step: int | None = None, top: int = TOP) -> Answ
     except OSError as exc:
         raise WhyError(f"cannot read {files.metrics}: {exc.strerror or exc}") from None
     notes = skipped.notes()
-    if not table.steps:
+    steps = table.live_steps()
+    if not steps:
         raise WhyError(f"{files.metrics} holds no step rows" + (f" ({notes[0]})" if notes else ""))
-    if step is not None and step not in table.slots:
-        raise WhyError(f"step {step} is not in the run; its steps: {step_ranges(table.steps)}")
+    if step is not None and not table.has_step(step):
+        raise WhyError(f"step {step} is not in the run; its steps: {step_ranges(steps)}")
 
     times, measured_by = table.step_times()
     known = [(table.steps[slot], t) for slot, t in enumerate(times) if math.isfinite(t)]
@@ -588,8 +676,10 @@ def explain(target: str | Path, step: int | None = None, top: int = TOP) -> Answ
             if known else "no row says how long a step took: this run has neither anatomy rows "
             "(anatomy/wall/seconds) nor top-level timing/<name> rows (Logger.timer)"
         )  # fmt: skip
-    elif len(known) < len(table.steps):
-        notes.append(f"the step time is known for {len(known)} of the {len(table.steps)} steps")
+    elif len(known) < len(steps):
+        notes.append(f"the step time is known for {len(known)} of the {len(steps)} steps")
+    if table.resumes:
+        notes.append(_attempts_note(table))
     if table.rewritten:
         notes.append(
             f"{len(table.rewritten)} step(s) were written again by a later run (a resumed run): "
@@ -607,8 +697,8 @@ def explain(target: str | Path, step: int | None = None, top: int = TOP) -> Answ
     stalls, stragglers, more = _events_and_stalls(files)
     return Answer(
         metrics=str(files.metrics),
-        steps=len(table.steps),
-        step_ranges=_short_ranges(table.steps),
+        steps=len(steps),
+        step_ranges=_short_ranges(steps),
         measured_by=measured_by,
         median=median,
         slowest=slowest,
@@ -616,6 +706,38 @@ def explain(target: str | Path, step: int | None = None, top: int = TOP) -> Answ
         stalls=stalls,
         stragglers=stragglers,
         notes=notes + more,
+        attempts=_attempts(table),
+    )
+
+
+def _attempts(table: StepColumns) -> Attempts:
+    return Attempts(
+        resumes=[{"run_id": p.run_id, "attempt": p.attempt, "step": p.step}
+                 for p in table.resumes.points()],
+        superseded=[{"run_id": run_id, "attempt": attempt, "rows": rows}
+                    for (run_id, attempt), rows in sorted(
+                        table.superseded.items(), key=lambda item: (str(item[0][0]), item[0][1]))],
+    )  # fmt: skip
+
+
+def _attempts_note(table: StepColumns) -> str:
+    """``attempt 2 resumed at step 501; 30 superseded rows of attempt 1 left out`` (each run
+    named when the file holds several)."""
+    named = len(table.run_ids) > 1
+    by_run: dict[str | None, list[str]] = {}
+    for point in table.resumes.points():
+        by_run.setdefault(point.run_id, []).append(
+            f"attempt {point.attempt} resumed at step {point.step}"
+        )
+    for (run_id, attempt), rows in sorted(
+        table.superseded.items(), key=lambda item: (str(item[0][0]), item[0][1])
+    ):
+        by_run.setdefault(run_id, []).append(
+            f"{rows} superseded row{'' if rows == 1 else 's'} of attempt {attempt} left out"
+        )
+    return "; ".join(
+        (f"run {run_id}: " if named else "") + "; ".join(parts)
+        for run_id, parts in by_run.items()
     )
 
 

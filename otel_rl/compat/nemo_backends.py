@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_rl.compat.nemo_utils import flatten_dict
+from otel_rl.process.fork_safe_log import log as _log
 
 __all__ = [
     "LoggerInterface",
@@ -154,6 +155,13 @@ class WandbLogger(LoggerInterface):
         wandb = sdk("wandb")
         init_args = {k: v for k, v in cfg.items() if k != "log_nemo_gym_full_result_tables"}
         self.run = wandb.init(**init_args, dir=log_dir)
+        #: W&B's step for the next ``log`` (``run.step``, followed here as W&B moves it, so
+        #: that no call waits on W&B's service): a value logged below it never reaches W&B.
+        self._next_step = 0
+        with contextlib.suppress(Exception):  # a shared-mode run refuses to say its step
+            self._next_step = _int_or_zero(self.run.step)
+        #: Values W&B could not store because their step was already behind it, by key.
+        self.late_values: dict[str, int] = {}
         if os.environ.get("RAY_BACKEND_LOG_LEVEL", "").lower() == "debug":
             print("Uploading raylet.out and raylet.err to W&B (RAY_BACKEND_LOG_LEVEL=debug)")
             wandb.save("/tmp/ray/session_latest/logs/raylet.out", policy="live")
@@ -222,23 +230,52 @@ class WandbLogger(LoggerInterface):
         if step_metric and step_metric in metrics:
             self.run.log(metrics, commit=False)
         elif step_finished:
-            self.run.log(metrics, step=step, commit=True)
+            self._log_at(metrics, step, commit=True)
         else:
-            self.run.log(metrics, step=step)
+            self._log_at(metrics, step)
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         self.run.config.update(params, allow_val_change=True)
 
     def log_plot(self, figure: Any, step: int, name: str) -> None:
-        self.run.log({name: figure}, step=step)
+        self._log_at({name: figure}, step)
 
     def log_histogram(self, histogram: list[Any], step: int, name: str) -> None:
         """A ``wandb.Histogram``; values that are all equal (no finite bins) as one scalar."""
         wandb = sdk("wandb")
         try:
-            self.run.log({name: wandb.Histogram(histogram)}, step=step)
+            self._log_at({name: wandb.Histogram(histogram)}, step)
         except ValueError:
-            self.run.log({name: histogram[0] if len(histogram) > 0 else 0}, step=step)
+            self._log_at({name: histogram[0] if len(histogram) > 0 else 0}, step)
+
+    def _log_at(self, data: dict[str, Any], step: int, commit: bool | None = None) -> None:
+        """``run.log(data, step=step)``, unless W&B is already past ``step``: W&B would then
+        drop the values with no error (a validation logged at the step that
+        ``step_finished=True`` committed, a step that goes backwards after a resume). Those
+        are reported by name instead, and counted in :attr:`late_values`."""
+        if step < self._next_step:
+            self._report_late(data, step)
+            return
+        self.run.log(data, step=step, commit=commit)
+        # As W&B itself moves its step (wandb_run.Run._log).
+        self._next_step = max(self._next_step, step)
+        if commit:
+            self._next_step += 1
+
+    def _report_late(self, data: Mapping[str, Any], step: int) -> None:
+        new = [key for key in data if key not in self.late_values]
+        for key in data:
+            self.late_values[key] = self.late_values.get(key, 0) + 1
+        if not new:
+            return  # these keys were reported already; late_values counts them
+        _log.warning(
+            "otel-rl: WandbLogger: W&B cannot store %s at step %d: the run is already at step "
+            "%d (a step is committed by step_finished=True or by logging a later step), and W&B "
+            "drops values logged below its step without an error. Log them before the step is "
+            "finished, or at a later step; further late values of these keys are counted in "
+            "late_values",
+            ", ".join(repr(key) for key in new), step, self._next_step,
+        )  # fmt: skip
 
     def finish(self) -> None:
         """Finish the run (W&B drains its queue to the service)."""
@@ -252,6 +289,17 @@ class SwanlabLogger(LoggerInterface):
 
     def __init__(self, cfg: Mapping[str, Any], log_dir: str | None = None) -> None:
         self.run = sdk("swanlab").init(**cfg, logdir=log_dir)
+        #: The steps each key was logged at, as SwanLab keeps them (``pyroaring.BitMap64``, its
+        #: own dependency; ``None`` without it): SwanLab keeps the first value of a key at a
+        #: step and discards later ones without an error.
+        self._steps_of: dict[str, Any] | None = None
+        with contextlib.suppress(ImportError):
+            from pyroaring import BitMap64
+
+            self._bitmap: Any = BitMap64
+            self._steps_of = {}
+        #: Values not sent because their key already has a value at that step, by key.
+        self.late_values: dict[str, int] = {}
         print(
             f"Initialized SwanlabLogger for project {cfg.get('project')}, run {cfg.get('name')} "
             f"(with offline logdir={log_dir})"
@@ -265,13 +313,41 @@ class SwanlabLogger(LoggerInterface):
         step_metric: str | None = None,
         step_finished: bool = False,
     ) -> None:
-        self.run.log(_prefixed(metrics, prefix, step_metric), step=step)
+        self._log_at(_prefixed(metrics, prefix, step_metric), step)
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         self.run.config.update(params, allow_val_change=True)
 
     def log_plot(self, figure: Any, step: int, name: str) -> None:
-        self.run.log({name: sdk("swanlab").Image(figure)}, step=step)
+        self._log_at({name: sdk("swanlab").Image(figure)}, step)
+
+    def _log_at(self, data: dict[str, Any], step: int) -> None:
+        """``run.log(data, step=step)`` without the values SwanLab would discard (their key has
+        a value at ``step`` already): those are reported by name and counted in
+        :attr:`late_values`."""
+        steps_of = self._steps_of if step >= 0 else None
+        if steps_of is not None:
+            repeated = [key for key in data if key in steps_of and step in steps_of[key]]
+            if repeated:
+                new = [key for key in repeated if key not in self.late_values]
+                for key in repeated:
+                    self.late_values[key] = self.late_values.get(key, 0) + 1
+                if new:
+                    _log.warning(
+                        "otel-rl: SwanlabLogger: %s at step %d not logged: SwanLab keeps the "
+                        "first value of a key at a step and would discard it without an error; "
+                        "further repeats of these keys are counted in late_values",
+                        ", ".join(repr(key) for key in new), step,
+                    )  # fmt: skip
+                data = {k: v for k, v in data.items() if k not in repeated}
+                if not data:
+                    return
+        self.run.log(data, step=step)
+        if steps_of is not None:
+            for key in data:
+                if key not in steps_of:
+                    steps_of[key] = self._bitmap()
+                steps_of[key].add(step)
 
     def log_histogram(self, histogram: list[Any], step: int, name: str) -> None:
         return None
@@ -406,6 +482,10 @@ class MLflowLogger(LoggerInterface):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # never raise from a finalizer
             sdk("mlflow").end_run()
+
+
+def _int_or_zero(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _git(*args: str) -> str:

@@ -15,7 +15,9 @@ tracking URI and no ``artifact_location``, a new experiment keeps its artifacts 
 ``get_next_experiment_dir`` looks only at ``exp_<N>`` children and is safe between concurrent
 jobs; MLflow keeps one plot file per step; a run that crashes is marked failed, not finished;
 lists are logged as summary statistics, never one key per index; ``log_batched_dict_as_jsonl``
-returns after a snapshot and writes in the background (``flush()``/``finish()`` wait for it).
+returns after a snapshot and writes in the background (``flush()``/``finish()`` wait for it);
+a relaunch of the same config continues the run (named by the config's run names) in the
+``exp_<N>`` folder that holds it, as NeMo RL continues training from its checkpoint.
 
 The rest of NeMo RL's module is here as well: ``LoggerInterface`` and the per-backend classes
 (:mod:`otel_rl.compat.nemo_backends`), ``GpuMetricSnapshot`` and ``RayGpuMonitorLogger``
@@ -29,9 +31,11 @@ attributes of this module, imported on first access.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import os
+import re
 import sys
 import threading
 import time
@@ -607,9 +611,87 @@ def _core_config(cfg: Any) -> tuple[dict[str, Any], bool, dict[str, Any]]:
     full_tables = False
     if isinstance(wandb, dict):
         full_tables = bool(wandb.pop("log_nemo_gym_full_result_tables", False))
+    _run_identity(core)
     if core.get("mlflow_enabled"):
         _nemo_rl_artifact_location(core)
     return core, full_tables, sections
+
+
+#: The config sections whose names say which run it is (the ones NeMo RL names its runs with).
+_RUN_NAMES = (
+    ("wandb", "project"), ("wandb", "name"), ("swanlab", "project"), ("swanlab", "name"),
+    ("mlflow", "experiment_name"), ("mlflow", "run_name"),
+)  # fmt: skip
+#: A folder of ``get_next_experiment_dir``.
+_EXP_FOLDER = re.compile(r"exp_(\d+)")
+
+
+def nemo_rl_run_id(core: Mapping[str, Any]) -> str:
+    """The run's id from NeMo RL's logger config: the run names it configures (W&B's, SwanLab's,
+    MLflow's), the same at every launch of the same config. Readable (the first name given) and
+    distinct (a digest of all of them)."""
+    import hashlib
+    import json
+
+    names = []
+    for section, key in _RUN_NAMES:
+        value = core.get(section)
+        names.append(value.get(key) if isinstance(value, Mapping) else None)
+    digest = hashlib.sha1(json.dumps(names, default=str).encode()).hexdigest()[:8]
+    first = next((str(name) for name in names[1::2] + names[0::2] if name), "nemo-rl")
+    return f"{first}-{digest}"
+
+
+def _run_identity(core: dict[str, Any]) -> None:
+    """NeMo RL resumes training from its checkpoint at every relaunch of a config; the run's
+    history continues with it. The run is named by the config (:func:`nemo_rl_run_id`) unless
+    ``run_id`` or ``OTEL_RL_RUN_ID`` names it, and a relaunch writes into the ``exp_<N>`` folder
+    of the launch it continues (:func:`_continued_experiment_dir`)."""
+    from otel_rl.run.history import RUN_ID_ENV
+
+    if not core.get("run_id") and not os.environ.get(RUN_ID_ENV):
+        core["run_id"] = nemo_rl_run_id(core)
+    run_id = str(core.get("run_id") or os.environ.get(RUN_ID_ENV))
+    log_dir = core.get("log_dir")
+    if log_dir and core.get("resume", "auto") != "never":
+        core["log_dir"] = _continued_experiment_dir(str(log_dir), run_id)
+
+
+def _continued_experiment_dir(log_dir: str, run_id: str) -> str:
+    """The ``exp_<N>`` folder to log to: ``log_dir`` itself, unless it is a new ``exp_<N>``
+    (what NeMo RL's ``get_next_experiment_dir`` gives every launch) beside an earlier one that
+    holds ``run_id``'s history: then that one, so the TensorBoard files, the JSONL file and the
+    W&B and MLflow stores of the run stay in one place. The new folder, still empty, is removed
+    and the change printed (NeMo RL has printed the folder it made)."""
+    from otel_rl.core.paths import folder_name
+    from otel_rl.run.history import runs_root
+
+    path = Path(log_dir)
+    match = _EXP_FOLDER.fullmatch(path.name)
+    if match is None:
+        return log_dir
+
+    def has_run(folder: Path) -> bool:
+        return (runs_root(folder) / folder_name(run_id) / "launches.jsonl").is_file()
+
+    if has_run(path):
+        return log_dir
+    try:
+        siblings = [
+            (int(m.group(1)), child)
+            for child in path.parent.iterdir()
+            if (m := _EXP_FOLDER.fullmatch(child.name)) and child != path and child.is_dir()
+        ]
+    except OSError:
+        return log_dir
+    earlier = [folder for _, folder in sorted(siblings, reverse=True) if has_run(folder)]
+    if not earlier:
+        return log_dir
+    with contextlib.suppress(OSError):
+        path.rmdir()  # only when empty: nothing of this launch is in it yet
+    continued = os.path.join(path.parent, earlier[0].name)
+    print(f"📊 Continuing run {run_id} in log directory: {continued} (instead of {log_dir})")
+    return continued
 
 
 def _nemo_rl_artifact_location(core: dict[str, Any]) -> None:

@@ -21,7 +21,13 @@ run's metrics on otel-rl's Prometheus endpoint, which RL-Insight's Prometheus sc
 ``VERL_FILE_LOGGER_ROOT``   else ``<root>/<project>/<experiment>.jsonl`` (root default ``.``)
 ``OTEL_RL_LOG_DIR``         otel-rl's own directory (spool, default MLflow store); default
                             ``otel_rl_logs/<project>/<experiment>``
+``OTEL_RL_RUN_ID``          the run's id; default ``<project>/<experiment>``
 ==========================  =====================================================================
+
+A relaunch continues the run as verl continues its training: the run is named by the project and
+experiment (:func:`verl_run_id`), and ``trainer.resume_mode`` decides whether it continues
+(:data:`RESUME_OF`), so a job that verl resumes from its checkpoint keeps one history in every
+tracker (docs/recipes/verl.md).
 
 Every other option of :class:`otel_rl.Logger` (Prometheus, OTLP, rollout and GPU monitoring,
 export, more trackers...) comes from ``config["otel_rl"]`` in verl's own config and from the
@@ -54,6 +60,10 @@ _ALIASES = {"tracking": "wandb"}
 SECTION = "otel_rl"
 #: The core Logger's trackers that are verl backends too (each switched by ``<name>_enabled``).
 _TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab", "trackio", "clearml")
+#: verl's ``trainer.resume_mode`` → the logger's ``resume``: verl resumes from its latest
+#: checkpoint (``auto``) or a given one (``resume_path``), and the run's history continues with
+#: it; ``disable`` trains from scratch, a new run.
+RESUME_OF = {"auto": "auto", "resume_path": "auto", "disable": "never"}
 _MISSING = object()
 
 
@@ -145,7 +155,27 @@ def tracking_config(
             return f"verl config '{SECTION}'"
         return f"the {CONFIG_ENV} file {env.get(CONFIG_ENV)}"
 
-    return _layered(project, experiment, backends, config, env, user, origin)
+    cfg = _layered(project, experiment, backends, config, env, user, origin)
+    # The run's identity, under otel-rl's own options (a run_id or resume given there wins).
+    for key, value in _run_identity(project, experiment, config, env).items():
+        if key not in user:
+            cfg[key] = value
+    return cfg
+
+
+def _run_identity(
+    project: str, experiment: str, config: Mapping[str, Any] | None, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """A ``Tracking``'s run: the project's experiment (unless ``OTEL_RL_RUN_ID`` names it),
+    continued as ``trainer.resume_mode`` says. Only the ``Tracking``'s: verl's standalone
+    loggers (``FileLogger``, a ``ValidationGenerationsLogger`` on its own) are no launches of
+    the run."""
+    from otel_rl.run.history import RUN_ID_ENV
+
+    identity: dict[str, Any] = {"resume": resume_of(_trainer(config).get("resume_mode"))}
+    if not env.get(RUN_ID_ENV) and (project or experiment):
+        identity["run_id"] = verl_run_id(project, experiment)
+    return identity
 
 
 def otel_rl_section(config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -208,6 +238,26 @@ def _verl_defaults(project: str, experiment: str, trackers: list[str]) -> dict[s
         # verl's ClearMLLogger: a rerun continues the task of the same name, no model uploads.
         cfg["clearml"] = {"continue_last_task": True, "output_uri": False}
     return cfg
+
+
+def verl_run_id(project: str, experiment: str) -> str:
+    """The run's id: ``<project>/<experiment>``, verl's name of the run (the same at every
+    launch, so a relaunch finds the run it continues)."""
+    return f"{project}/{experiment}"
+
+
+def resume_of(resume_mode: Any) -> str:
+    """The logger's ``resume`` for verl's ``trainer.resume_mode`` (``auto`` when unset, verl's
+    default); a value verl does not know is a :class:`ConfigError`."""
+    if resume_mode is None:
+        return "auto"
+    mode = str(resume_mode)
+    if mode not in RESUME_OF:
+        raise ConfigError(
+            f"verl config 'trainer.resume_mode': {mode!r} is not one of "
+            f"{', '.join(RESUME_OF)}"
+        )
+    return RESUME_OF[mode]
 
 
 def _verl_settings(

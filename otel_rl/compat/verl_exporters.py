@@ -2,11 +2,12 @@
 
 - ``file``: one JSON line per logged row, ``{"step": N, "data": {key: value}}``, as verl's
   ``FileLogger`` writes it. The file is opened for appending: a resumed or repeated run adds to
-  it and never truncates it (verl opens it with ``"wb"``). Non-finite numbers are written as
-  ``null`` (orjson's spelling, which both ``json`` and ``orjson`` read); histograms as their
-  ``count, sum, mean, min, max``. Built on the JSONL exporter, so hyperparameters, plots and
-  tables land beside the file as they do for ``jsonl`` (``hyperparams.json``, ``plots/``,
-  ``tables.jsonl``).
+  it and never truncates it (verl opens it with ``"wb"``); a relaunch of the run writes one
+  ``"resume"`` line where its attempt begins (:meth:`VerlFileExporter.write_resume`).
+  Non-finite numbers are written as ``null`` (orjson's spelling, which both ``json`` and
+  ``orjson`` read); histograms as their ``count, sum, mean, min, max``. Built on the JSONL
+  exporter, so hyperparameters, plots and tables land beside the file as they do for ``jsonl``
+  (``hyperparams.json``, ``plots/``, ``tables.jsonl``).
 - ``console``: verl's ``LocalLogger`` line, ``step:N - key:value - ...`` (numbers only), on stdout.
 - MLflow metric names as verl's MLflow adapter writes them (:func:`verl_mlflow_key`), with its
   warning on the ``verl.utils.tracking`` logger.
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar, TextIO
 
-from otel_rl.core.records import HistogramValue, RowValue, StepBatch
+from otel_rl.core.records import HistogramValue, Resume, RowValue, StepBatch
 from otel_rl.exporters.base import TrackerExporter
 from otel_rl.exporters.jsonl import JsonlExporter
 from otel_rl.process.fork_safe_log import fork_safe, writing_shared_stream
@@ -37,6 +38,15 @@ class VerlFileExporter(JsonlExporter):
 
     def format_line(self, batch: StepBatch) -> bytes | None:
         return _line(batch) if batch.axis is None else None
+
+    def write_resume(self, resume: Resume) -> None:
+        """One line where a relaunch's attempt begins, in verl's layout with an empty ``data``:
+        ``{"step": S, "data": {}, "resume": {"attempt": N, "step": S}}``. verl's lines carry no
+        attempt: the lines above this one at steps ``>= S`` are superseded by the lines below
+        it."""
+        record = {"step": resume.step, "data": {},
+                  "resume": {"attempt": resume.attempt, "step": resume.step}}  # fmt: skip
+        self._write((json.dumps(record, separators=(",", ":")) + "\n").encode())
 
 
 def _line(batch: StepBatch) -> bytes:

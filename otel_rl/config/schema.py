@@ -408,7 +408,14 @@ class LoggerSettings(Section):
         None, "OTel `service.name`", shown_default="`OTEL_SERVICE_NAME` or `otel-rl`"
     )
     run_id: str | None = _field(
-        None, "resource attribute; the run's id in every output", shown_default="random"
+        None, "resource attribute; the run's id in every output",
+        shown_default="`OTEL_RL_RUN_ID` or random",
+    )  # fmt: skip
+    resume: Literal["auto", "never", "must"] = _field(
+        "auto",
+        "a launch with the `run_id` of one before it in this `log_dir`: `auto` continues that "
+        "run in every tracker, `must` also refuses to start a new one, `never` starts a new "
+        "run ([reliability.md](reliability.md#a-run-that-resumes))",
     )
     experiment: str | None = _field(None, "resource attribute")
     role: str = _field("driver", "resource attribute")

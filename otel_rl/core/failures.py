@@ -43,7 +43,7 @@ LOSS_REASONS = {
     "queue_full": "dropped from a full queue (export.on_full: drop_oldest, or no spool)",
     "refused": "refused by the tracker (set aside, never retried)",
     "tracker_stopped": "held in memory when a permanent error stopped the tracker (no spool)",
-    "exit_timeout": "not delivered when export.shutdown_timeout ran out (no spool)",
+    "exit_timeout": "not delivered by the shutdown's deadline (no spool)",
     "spool_vanished": "deleted or cut from the spool from outside before delivery",
     "corrupt": "in spool lines that could not be read back (otel-rl replay)",
     "delivery_process": "not handed to the delivery process, which had exited "
@@ -129,9 +129,12 @@ def classify(exc: BaseException, phase: Phase, tracker: str) -> Failure:
         if exc.errno in _PATH_ERRNOS or isinstance(
             exc, (PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError)
         ):
+            path = getattr(exc, "filename", None)
+            # The path named is a file the tracker writes (metrics.jsonl) or a folder it writes
+            # in: say what it must be.
+            want = "a writable file" if isinstance(exc, IsADirectoryError) else "writable"
             return Failure(
-                "permanent", exc, f"make {tracker}'s path a writable directory "
-                f"({getattr(exc, 'filename', None) or 'see the error'})",
+                "permanent", exc, f"make {tracker}'s path {want} ({path or 'see the error'})"
             )
         return Failure("transient", exc)  # a full disk, an I/O error: may clear
     if isinstance(exc, (TypeError, ValueError, OverflowError, KeyError, AttributeError)):

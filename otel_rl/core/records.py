@@ -204,6 +204,27 @@ class Event(Record):
                    str(body.get("level", "warning")))  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Resume(Record):
+    """A relaunched run's next attempt begins at ``step``: from that step on, the steps belong to
+    ``attempt`` and supersede what earlier attempts logged there (docs/reliability.md, "A run
+    that resumes"). Sent once, before the attempt's first row."""
+
+    kind: ClassVar[str] = "resume"
+    attempt: int
+    step: int
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_resume(self)
+
+    def encode(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "step": self.step}
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Resume:
+        return cls(int(body["attempt"]), int(body["step"]))
+
+
 def plain(value: Any) -> Any:
     """``value`` as JSON can hold it: scalars as they are, sequences as lists, mappings as
     objects (a list of dicts, e.g. a scheduler's config, arrives as one), the rest as text."""

@@ -31,17 +31,27 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from otel_rl.core.failures import Failure, count_loss, describe_losses, losses
 from otel_rl.core.records import StepBatch
 from otel_rl.delivery.options import ExportOptions
-from otel_rl.delivery.spool import SegmentCursor, Spool
+from otel_rl.delivery.spool import SegmentCursor, Spool, read_meta
 from otel_rl.delivery.writer import Tracker, TrackerWriter
 from otel_rl.process.deadline import SHUTDOWN_GRACE
 from otel_rl.process.fork_safe_log import log as _log
 
-__all__ = ["COUNTERS", "Channel", "Tracker", "replay_hint"]
+__all__ = ["COUNTERS", "Awaitable", "Channel", "Tracker", "replay_hint"]
+
+
+class Awaitable(Protocol):
+    """What a worker waits for before its first write: a relaunch's earlier launches being
+    delivered (``wait`` returns whether that is done within ``timeout`` seconds), after which
+    ``tracker_run`` names the run a tracker continues when its start did not know it (the
+    earlier launch was killed before its tracker opened a run; the delivery opened one)."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def tracker_run(self, tracker: str) -> Mapping[str, Any] | None: ...
 
 #: The counters every tracker's ``stats`` holds from the start.
 COUNTERS = ("submitted", "delivered", "dropped", "rejected", "retries", "spilled", "waits",
@@ -114,16 +124,20 @@ class Channel:
         self._last_ack_sync = 0.0
         # The delivery process's frame number of the last record spooled (Record.intake).
         self._intake_spooled = 0
+        self._after: Awaitable | None = None
 
     def attach(
         self,
         options: ExportOptions | None,
         spool_dir: str | os.PathLike[str] | None,
         spool_meta: Mapping[str, Any] | None,
+        after: Awaitable | None = None,
     ) -> None:
-        """The run's ``export.*`` options, spool folder and metadata, before :meth:`start`."""
+        """The run's ``export.*`` options, spool folder and metadata, before :meth:`start`;
+        ``after``: what the worker waits for before its first write."""
         if self.started:
             raise RuntimeError(f"{self.name}: attach() after the exporter started")
+        self._after = after
         if options is not None:
             self.options = dataclasses.replace(options, **self._given)
         if spool_dir is not None and self.spool_dir is None:
@@ -304,7 +318,10 @@ class Channel:
         spool = self.spool
         if spool is None:
             return
-        meta = {**self.spool_meta, "tracker": self.name, "resume": self.tracker.resume_config}
+        # Until the tracker opens its run, the run the folder already names stays named there
+        # (a relaunch killed or ended before its first write must not hide it from the next).
+        resume = self.tracker.resume_config or read_meta(spool.dir).get("resume") or {}
+        meta = {**self.spool_meta, "tracker": self.name, "resume": resume}
         if exit_code is not None:
             meta["exit_code"] = exit_code
             # The last record written: replay tells records cut from outside from none at all.
@@ -455,6 +472,8 @@ class Channel:
                         self._queue.extend(loaded)
                         self._cond.notify_all()
                     continue
+                if self._after is not None and not self._waited_for_after():
+                    break  # shut down first: this launch's records stay in its spool
                 refused = self.stats["rejected"]
                 done, failure = 0, self._open_tracker()
                 if failure is None:
@@ -504,6 +523,21 @@ class Channel:
                         break
                     self._cond.wait(pause)
         self._end_work()
+
+    def _waited_for_after(self) -> bool:
+        """Wait for what comes before the first write, until the shutdown's deadline; while
+        it lasts, records wait in the spool (``on_full: spool``) or the queue's policy applies."""
+        after = self._after
+        assert after is not None
+        while not after.wait(0.1):
+            with self._cond:
+                if self._abort:
+                    return False
+        self._after = None
+        run = after.tracker_run(self.name)
+        if run is not None and not self._writer.opened:
+            self.tracker.continue_run(run)
+        return True
 
     def _open_tracker(self) -> Failure | None:
         if self._writer.opened:
@@ -605,8 +639,12 @@ class Channel:
             self._cond.notify_all()
 
     def _undelivered_message(self, left: int, checkpoints: int, timeout: float) -> str:
-        if self.options.shutdown_timeout is not None:
-            timeout = self.options.shutdown_timeout
+        # The deadline is the run's export.shutdown_timeout, or the one given to the exporter's
+        # own shutdown() (OpenTelemetry's unit, milliseconds: said in that unit).
+        run_timeout = self.options.shutdown_timeout
+        given = run_timeout is None
+        if run_timeout is not None:
+            timeout = run_timeout
         failure = self.failure
         error = failure or self.last_error
         sealed = left - checkpoints
@@ -620,6 +658,16 @@ class Channel:
                 f"{self.name}: {sealed} record(s) not delivered: the tracker stopped on "
                 f"{failure.describe()}."
             )
+        elif given:
+            text = (
+                f"{self.name}: {sealed} record(s) not delivered within the {timeout * 1000:g} ms "
+                "given to shutdown() (timeout_millis, or the SDK's timeout keyword: milliseconds, "
+                f"as OpenTelemetry's exporters take them; {CLOSE_GRACE:g} s more let the tracker "
+                "end its write and close"
+            )
+            if error is not None:
+                text += f"; last error: {error.describe()}"
+            text += ")."
         else:
             text = (
                 f"{self.name}: {sealed} record(s) not delivered before the shutdown timeout "

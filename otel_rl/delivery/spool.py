@@ -124,6 +124,10 @@ def spool_for(training_pid: int) -> None:
     _training_pid = training_pid
 
 
+#: What an ``otel-rl replay`` writes in the lock file of a spool it delivers.
+REPLAY_LOCK = "otel-rl replay"
+
+
 class SpoolLock:
     """An exclusive ``flock`` on ``<spool>/lock``, held by whoever writes the spool: the training
     process for its whole run, an ``otel-rl replay`` while it delivers. The kernel releases it
@@ -788,6 +792,25 @@ def _last_seq_in(path: Path) -> int:
     return max((seq for seq, _, _ in read_segment(path)), default=0)
 
 
+def held_by_a_live_run(directory: Path) -> bool:
+    """Whether a training run that is alive holds the spool: not a replay, and not the delivery
+    process of a training process that died (it lets go once it has spooled what it was
+    handed)."""
+    holder = holder_of(directory)
+    if holder is None or holder.startswith(REPLAY_LOCK):
+        return False
+    try:
+        info = json.loads((directory / "lock").read_bytes())
+        if "delivery_pid" not in info or info["host"] != socket.gethostname():
+            return True
+        os.kill(int(info["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return True
+
+
 def waiting_records(directory: Path) -> int:
     """How many records of a spool are not marked done (0 for a folder that is no spool), read
     from the marks and the last segment only: cheap enough for a Logger's start."""
@@ -814,6 +837,46 @@ def holder_of(directory: Path) -> str | None:
 def undelivered(directory: Path) -> list[tuple[int, Any]]:
     """Every record not yet done, in sequence order."""
     return scan(directory)[0]
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    """A spool's ``meta.json``; ``{}`` when it is missing or unreadable."""
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def spools_of_run(log_dir: str | os.PathLike[str], run_id: str) -> list[Path]:
+    """The spool folders every launch of ``run_id`` wrote under ``log_dir`` (by their
+    metadata: a run id names a folder whatever characters it holds)."""
+    found = (p.parent for p in spool_root(log_dir).glob("*/*/meta.json"))
+    return sorted(d for d in found if read_meta(d).get("run_id") == run_id)
+
+
+def tracker_runs_of(log_dir: str | os.PathLike[str], run_id: str) -> dict[str, dict[str, Any]]:
+    """Each tracker's run as the latest launch of ``run_id`` that opened one recorded it (its
+    spool metadata's ``resume``, e.g. ``{"mlflow": {"run_id": ...}}``), by tracker name."""
+    newest: dict[str, tuple[tuple[int, float], dict[str, Any]]] = {}
+    for spool in spools_of_run(log_dir, run_id):
+        meta = read_meta(spool)
+        resume, tracker, attempt = meta.get("resume"), meta.get("tracker"), meta.get("attempt")
+        if not isinstance(resume, dict) or not resume or not isinstance(tracker, str):
+            continue
+        try:
+            order = (attempt if type(attempt) is int else 1, (spool / "meta.json").stat().st_mtime)
+        except OSError:
+            continue
+        if tracker not in newest or order > newest[tracker][0]:
+            newest[tracker] = (order, resume)
+    return {tracker: resume for tracker, (_, resume) in newest.items()}
+
+
+def attempts_of(log_dir: str | os.PathLike[str], run_id: str) -> int:
+    """The highest attempt the spools of ``run_id`` name (0: none)."""
+    found = (read_meta(spool).get("attempt") for spool in spools_of_run(log_dir, run_id))
+    return max((a for a in found if type(a) is int), default=0)
 
 
 def write_meta(directory: Path, meta: Mapping[str, Any]) -> None:

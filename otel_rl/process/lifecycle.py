@@ -315,6 +315,7 @@ def unregister(logger: Any) -> None:
         restore = not _signal_users and _pending is None
         if restore and threading.current_thread() is threading.main_thread():
             _restore_handlers()
+            _stop_retry_thread()  # no signal of ours can wait any more: nothing left behind
     _raise_pending(sys._getframe(1))
 
 
@@ -490,6 +491,17 @@ def _start_retry_thread() -> None:
     thread.start()
 
 
+def _stop_retry_thread() -> None:
+    """Close the pipe's write end: the thread reads its end of file, closes the read end and
+    ends. The handler finds no pipe from here on (it is no longer installed either)."""
+    fd = _retry["wake"]
+    if fd is None or _retry["pid"] != os.getpid():
+        return
+    _retry.update(thread=None, wake=None, pid=None)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 def _wake_retry() -> None:
     fd = _retry["wake"]
     if fd is None:
@@ -502,8 +514,12 @@ def _retry_loop(read_fd: int, main: int | None) -> None:
     global _pending
     while True:
         try:
-            os.read(read_fd, 4096)
+            woken = os.read(read_fd, 4096)
         except OSError:
+            woken = b""
+        if not woken:  # the write end closed: the last Logger handling signals finished
+            with contextlib.suppress(OSError):
+                os.close(read_fd)
             return
         while True:
             time.sleep(RETRY_S)

@@ -56,9 +56,14 @@ class Intake:
         self._known: set[str] = set()
         self._latest: dict[str, float] = {}
         self._anatomy: StepAnatomy | None = None
+        self._steps.admit = self._admit
         if anatomy:
             self._anatomy = StepAnatomy()
             self._steps.before_seal = self._anatomy_rows
+            mark = self._anatomy.mark
+            self._steps.after_add.append(lambda values: mark())
+        if self._side_readers:  # Prometheus/OTLP read the latest value of each key
+            self._steps.after_add.append(self._latest.update)
 
     def log(
         self,
@@ -82,27 +87,20 @@ class Intake:
                 fresh, {step_metric: metrics.pop(step_metric)}, "", self._report
             )
         self._stats["nonfinite"] += flatten_into(fresh, metrics, prefix, self._report)
-        with steps.lock:
-            # Everything that can refuse the call (the step, a key collision in strict mode)
-            # runs before the pending step changes: a refused call leaves no trace, not even
-            # an empty row at its step.
-            step = steps.resolve(step, self._strict)
-            watch = self._watch
+        steps.log(step, fresh, prefix, step_metric, step_finished, self._strict)
+
+    def _admit(self, step: int, fresh: dict[str, Any]) -> None:
+        """A call's values before they join the pending step (under the step lock): the stall
+        watch is stamped, new keys are claimed (a collision refuses the call in strict mode)."""
+        watch = self._watch
+        if watch is not None:
+            watch.stamp(step, fresh)
+        new = fresh.keys() - self._known
+        if new:
+            self._refuse_unstorable(new, fresh)
+            self._register(new, fresh)
             if watch is not None:
-                watch.stamp(step, fresh)
-            new = fresh.keys() - self._known
-            if new:
-                self._refuse_unstorable(new, fresh)
-                self._register(new, fresh)
-                if watch is not None:
-                    watch.new_keys(step, fresh, new)
-            steps.add(step, fresh, prefix, step_metric)
-            if self._anatomy is not None:
-                self._anatomy.mark()
-            if self._side_readers:
-                self._latest.update(fresh)
-            if step_finished:
-                steps.seal()
+                watch.new_keys(step, fresh, new)
 
     def merged(
         self, snapshots: Sequence[Mapping[str, Any] | None], prefix: str
@@ -112,8 +110,7 @@ class Intake:
         from otel_rl.distributed.merge import merge_snapshots
 
         if self._anatomy is not None:
-            with self._steps.lock:
-                self._anatomy.add_workers(snapshots)
+            self._steps.exclusively(self._anatomy.add_workers, snapshots)
         try:
             report = None if self._strict else self._report
             return merge_snapshots(snapshots, self._reductions, prefix, report=report)

@@ -108,6 +108,7 @@ class Run:
             step_spans=self.step_spans,
         )  # fmt: skip
         self._ending: int | None = None  # the thread ending the run
+        self._finishing = threading.Lock()
         self._ended = threading.Event()
         # Signals raise only at safe points, sys.exit codes reach atexit, fork children abandon
         # the run. Registered before our atexit drain, whose hooks then run after it.
@@ -117,8 +118,7 @@ class Run:
     def flush(self, timeout: float | None = None) -> bool:
         """Seal the pending step and wait (up to ``timeout`` s, default
         ``export.shutdown_timeout``) until every source and tracker has written everything."""
-        with self.steps.lock:
-            self.steps.seal(final=True)
+        self.steps.seal(final=True)
         deadline = Deadline(self.shutdown_timeout if timeout is None else timeout)
         ok = self.sources.flush(deadline)
         for exporter in self.exporters:
@@ -129,7 +129,7 @@ class Run:
         """End the run (see ``Logger.finish``); the first call ends it, a later one from another
         thread waits for that end."""
         code = lifecycle.exit_code_now() if exit_code is None else int(exit_code)
-        with self.steps.lock:
+        with self._finishing:  # who ends the run is known before a second caller looks
             first = self.steps.close()
             if first:
                 self._ending = threading.get_ident()
@@ -188,7 +188,7 @@ class Run:
         """In a fork child, which does not own the run: drop the lock a parent thread may have
         held at the fork, stop routing the global meters here and let the exporters forget the
         parent's threads. Nothing reaches the trackers from this process afterwards."""
-        self.steps.lock, self.steps.closed = threading.RLock(), True
+        self.steps.abandon_after_fork()
         if self._router is not None:
             self._router.unroute(self.pipeline.provider)
         for exporter in self.exporters:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from otel_rl.core.errors import MetricError
-from otel_rl.core.records import Record, StepBatch
+from otel_rl.core.records import Record, Resume, StepBatch
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.telemetry.tracing import TRACE_ID_KEY
+
+_T = TypeVar("_T")
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -32,6 +34,9 @@ class StepAssembler:
     ``backwards_steps`` are counted in it. ``on_seal`` callables get each sealed step number (the
     rollout monitor marks its step there); they run on the training thread under the step lock,
     so they only hand the step on (append to a queue, wake a thread), never wait.
+
+    The lock is the assembler's own: every method takes it (it is reentrant, so hooks may call
+    back), and :meth:`exclusively` runs a caller's function under it.
     """
 
     def __init__(
@@ -44,12 +49,21 @@ class StepAssembler:
         stats: dict[str, Any],
         step_spans: Any = None,
     ) -> None:
-        self.lock = threading.RLock()
+        self._lock = threading.RLock()
         self.on_seal: list[Callable[[int], None]] = []
+        #: Called with a call's resolved step and values before they join the pending step
+        #: (claiming new keys, stamping the stall watch); raising refuses the whole call.
+        self.admit: Callable[[int, dict[str, Any]], None] | None = None
+        #: Called with a call's values once they joined the pending step.
+        self.after_add: list[Callable[[dict[str, Any]], None]] = []
         #: Rows derived from the step as it is sealed (its anatomy), given the step number; the
         #: application's own value of a key wins.
         self.before_seal: Callable[[int], Mapping[str, Any]] | None = None
         self.closed = False
+        #: A relaunched run's attempt (``run/history.py``): announced to the trackers with the
+        #: first step this launch logs, before its row (a step of timers alone, sealed by
+        #: ``flush``, names no step of the caller's and supersedes nothing).
+        self.resume_attempt: int | None = None
         self._send = send
         self._take_otel = take_otel
         self._timer_keys = timer_keys
@@ -69,9 +83,44 @@ class StepAssembler:
         """The highest step sealed so far."""
         return self._last
 
-    def resolve(self, step: object, strict: bool) -> int:
+    def log(
+        self,
+        step: object,
+        values: dict[str, Any],
+        prefix: str,
+        step_metric: str | None,
+        finished: bool,
+        strict: bool,
+    ) -> None:
+        """One ``log_metrics`` call: resolve its step, admit its values (everything that can
+        refuse the call runs before the pending step changes: a refused call leaves no trace,
+        not even an empty row at its step), merge them, and seal when ``finished``."""
+        with self._lock:
+            resolved = self._resolve(step, strict)
+            if self.admit is not None:
+                self.admit(resolved, values)
+            if self._step is not None and resolved != self._step:
+                self._seal()
+            self._step = resolved
+            self._values.update(values)
+            self._otel.extend(self._take_otel())
+            if self._spans is not None:
+                self._spans.take(resolved)
+            if step_metric is not None:
+                self._step_metrics[prefix] = step_metric
+            for hook in self.after_add:
+                hook(values)
+            if finished:
+                self._seal()
+
+    def exclusively(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` while no step changes (for state the seal reads)."""
+        with self._lock:
+            return fn(*args)
+
+    def _resolve(self, step: object, strict: bool) -> int:
         """The step a call logs at (``None``: the current one, else the one after the last);
-        raises :class:`MetricError` for a step no tracker could store. Caller holds the lock."""
+        raises :class:`MetricError` for a step no tracker could store."""
         if step is None:
             if self._step is not None:
                 return self._step
@@ -96,27 +145,17 @@ class StepAssembler:
                 )
         return step
 
-    def add(
-        self, step: int, values: Mapping[str, Any], prefix: str, step_metric: str | None
-    ) -> None:
-        """Merge ``values`` into ``step`` (sealing the pending step if it is another one).
-        Caller holds the lock and has resolved ``step``."""
-        if self._step is not None and step != self._step:
-            self.seal()
-        self._step = step
-        self._values.update(values)
-        self._otel.extend(self._take_otel())
-        if self._spans is not None:
-            self._spans.take(step)
-        if step_metric is not None:
-            self._step_metrics[prefix] = step_metric
-
     def seal(self, final: bool = False) -> None:
-        """Hand the pending step to the trackers (caller holds the lock). ``final``: a seal by
-        ``flush``/``finish``, which also takes what OTel instruments recorded since."""
+        """Hand the pending step to the trackers. ``final``: a seal by ``flush``/``finish``,
+        which also takes what OTel instruments recorded since."""
+        with self._lock:
+            self._seal(final)
+
+    def _seal(self, final: bool = False) -> None:
         if final:
             self._otel.extend(self._take_otel())
         step = self._step
+        logged = step is not None  # a step the caller named, not one only timers recorded
         if step is None:
             if not self._otel:
                 return
@@ -152,21 +191,29 @@ class StepAssembler:
         self._step = None
         self._last = step if self._last is None else max(step, self._last)
         self._stats["steps"] += 1
+        if self.resume_attempt is not None and logged:
+            self._send(Resume(self.resume_attempt, step))
+            self.resume_attempt = None
         self._send(batch)
 
     def close(self) -> bool:
         """Seal what is pending and refuse snapshots from now on; ``False`` if already closed."""
-        with self.lock:
+        with self._lock:
             if self.closed:
                 return False
-            self.seal(final=True)
+            self._seal(final=True)
             self.closed = True
             return True
+
+    def abandon_after_fork(self) -> None:
+        """In a fork child: a parent thread may have held the lock at the fork; the child's
+        copy of the run takes nothing more."""
+        self._lock, self.closed = threading.RLock(), True
 
     def snapshot(self) -> StepBatch | None:
         """The step still being logged, if it changed since the last snapshot, as a provisional
         batch for the spools (checkpoint thread; the lock is held for a dict copy)."""
-        with self.lock:
+        with self._lock:
             if self._step is None or self.closed:
                 return None
             state = (self._step, len(self._otel), self._values)

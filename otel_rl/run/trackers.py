@@ -25,12 +25,20 @@ from otel_rl.delivery.service_link import ServiceLink, ServiceTracker
 from otel_rl.delivery.spool import (
     SpoolBusy,
     handoff_dir,
-    holder_of,
+    held_by_a_live_run,
     spool_root,
+    spools_of_run,
     waiting_records,
 )
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, Part, stop_in_parallel
 from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.run.history import (
+    ATTEMPT_KEY,
+    LAUNCH_KEY,
+    PREVIOUS_LAUNCH_TIMEOUT,
+    PreviousLaunch,
+    RunHistory,
+)
 
 
 class RunTrackers:
@@ -74,14 +82,21 @@ class RunTrackers:
         # The delivery process spools its trackers under their names: instances given here with
         # the same name spool beside them, as they would beside trackers built in this process.
         self._folders = {folder_name(name) for name in self.link.names} if self.link else set()
+        #: A relaunch's delivery of what its run's earlier launches left in their spools, which
+        #: every tracker here waits for before its first write (``run/history.py``).
+        self.previous: PreviousLaunch | None = None
 
     def start(self) -> None:
         """Attach and start every exporter; on failure, stop those started and raise."""
         try:
             if self.link is not None:  # its spools are taken (or refused) before this returns
                 self.link.start()
+            else:  # the process that holds the run's trackers completes its earlier launches
+                self.previous = self._previous_launch()
             for exporter in self.exporters:  # the same export.* for every exporter
                 self._attach(exporter)
+            if self.previous is not None:  # this launch's spools are set up: none is replayed
+                self.previous.start()
         except BaseException:
             self.abandon()
             raise
@@ -98,6 +113,11 @@ class RunTrackers:
         if self.link is not None:
             parts.append((f"delivery process ({', '.join(self.link.names)})",
                           partial(self.link.finish, deadline, exit_code)))  # fmt: skip
+        if self.previous is not None:
+            # Still delivering the earlier launch: it stops between two writes (what is left
+            # stays for replay) and closes its runs before this launch's trackers close them
+            # with this launch's status, which is the run's.
+            parts.append(("the earlier launch's delivery", partial(self.previous.stop, deadline)))
         return parts
 
     def abandon(self) -> None:
@@ -121,8 +141,11 @@ class RunTrackers:
             return
         spool = self._spool_options(exporter.name)
         # A tracker of one's own may override attach() without the redaction keyword.
-        if "redaction" in inspect.signature(exporter.attach).parameters:
+        accepts = inspect.signature(exporter.attach).parameters
+        if "redaction" in accepts:
             spool["redaction"] = self._redaction
+        if self.previous is not None and "after" in accepts:
+            spool["after"] = self.previous
         exporter.attach(self._options, **spool)
         try:
             exporter.start()
@@ -138,6 +161,20 @@ class RunTrackers:
                 f"spool ({exc}); give a writable folder, or set export.spool: false"
             ) from None
 
+    def _previous_launch(self) -> PreviousLaunch | None:
+        """A relaunch whose earlier launches left records undelivered delivers them first."""
+        cfg = self._cfg
+        resumed = cfg["resume"] != "never" and int(cfg.get(ATTEMPT_KEY, 1)) > 1
+        if not resumed or not cfg["export"]["spool"]:
+            return None
+        waiting = sum(map(waiting_records, spools_of_run(self._log_dir, self._run_id)))
+        if not waiting:
+            return None
+        _log.info("otel-rl: run %s, attempt %s: delivering the %d record(s) its earlier launch "
+                  "left in its spools first", self._run_id, self._cfg[ATTEMPT_KEY],
+                  waiting)  # fmt: skip
+        return PreviousLaunch(RunHistory.of_launch(self._cfg), waiting, PREVIOUS_LAUNCH_TIMEOUT)
+
     def _spool_options(self, tracker: str) -> dict[str, Any]:
         if not self._cfg["export"]["spool"]:
             return {}
@@ -150,6 +187,9 @@ class RunTrackers:
             "spool_dir": self._spool_dir_of(spool_root(self._log_dir) / folder, tracker),
             "spool_meta": {
                 "run_id": self._run_id,
+                # Which launch wrote it: a relaunch reopens the tracker run of the latest one.
+                ATTEMPT_KEY: self._cfg.get(ATTEMPT_KEY, 1),
+                LAUNCH_KEY: self._cfg.get(LAUNCH_KEY),
                 "log_dir": str(self._cfg["log_dir"]),  # as given: replay follows a moved one
                 # Relative paths of the config start here (``otel-rl replay`` runs there).
                 "cwd": os.getcwd(),
@@ -164,8 +204,8 @@ class RunTrackers:
         deliveries would otherwise mark the dead run's records done."""
         base = tracker_root / folder_name(self._run_id)
         directory, n = base, 2
-        while (waiting := waiting_records(directory)) and holder_of(directory) is None:
-            if directory == base:
+        while (waiting := waiting_records(directory)) and not held_by_a_live_run(directory):
+            if directory == base and self.previous is None:
                 _log.warning(
                     "otel-rl: %s: run_id %r already has %d record(s) waiting in %s from an "
                     "earlier process; they stay there for `otel-rl replay %s`, and this run "

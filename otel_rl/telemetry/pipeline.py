@@ -47,6 +47,8 @@ def build_resource(cfg: Mapping[str, Any], run_id: str) -> Resource:
         "otel_rl.run_id": run_id,
         "otel_rl.role": str(cfg["role"]),
         "otel_rl.rank": int(cfg["rank"]),
+        # A relaunched run's attempt (1, 2, ...): dashboards tell its launches apart by it.
+        "otel_rl.attempt": int(cfg.get("attempt", 1)),
         "process.pid": os.getpid(),
     }
     if "host.name" not in env:

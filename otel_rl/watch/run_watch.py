@@ -122,7 +122,7 @@ class RunWatch:
         watchdog = self.watchdog
         if watchdog is not None and watchdog.current is not None:
             report = watchdog.current
-            length = watchdog.resumed()
+            length = watchdog.resumed(now, step)
             if length is not None:
                 values[STALL_SECONDS_KEY] = length
                 if self._step_spans is not None:
@@ -251,11 +251,13 @@ class RunWatch:
                    {"otel_rl.stall.report": str(report.path or ""),
                     "otel_rl.stall.seconds": round(report.since_step, 3)})  # fmt: skip
 
-    def _on_end(self, report: StallReport, length: float) -> None:
+    def _on_end(self, report: StallReport, length: float, step: int | None) -> None:
+        """The stall ended at ``step``: the first step logged after it, which carries the
+        ``stall/seconds`` row."""
         text = _ended_text(length)
         where = f" (report {report.path})" if report.path is not None else ""
         _log.warning("otel-rl: run %s: %s%s", self.run_id, text, where)
-        step = self._step if self._step is not None else 0
+        step = step if step is not None else 0
         self._tell(Event(STALL_EVENT, step, text, text, level="info"), "otel_rl.stall.ended",
                    self._end_attributes(report, length), span=False)  # fmt: skip
 

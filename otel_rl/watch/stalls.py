@@ -275,7 +275,7 @@ class StallWatchdog:
         activity: Callable[[], tuple[float | None, int | None, Sequence[float]]],
         gather: Callable[[StallReport], None],
         on_stall: Callable[[StallReport], None],
-        on_end: Callable[[StallReport, float], None],
+        on_end: Callable[[StallReport, float, int | None], None],
         started: float | None = None,
         phase_after: float = 30.0,
         phases: Callable[[], Mapping[int, Sequence[tuple[str, float]]]] | None = None,
@@ -298,7 +298,7 @@ class StallWatchdog:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._ended: tuple[StallReport, float] | None = None
+        self._ended: tuple[StallReport, float, int | None] | None = None
         #: The stall under way, else ``None``.
         self.current: StallReport | None = None
         #: Every stall of the run, in order.
@@ -336,18 +336,19 @@ class StallWatchdog:
             return None
         last, step, starts = self._activity()
         now = time.monotonic()
-        since = now - (self._started if last is None else last)
+        since_at = self._started if last is None else last
+        since = now - since_at
         phase = self._overdue(last, now)
         if phase is not None:
             self._due = None
             thread = thread_names().get(phase.thread, f"thread {phase.thread}")
             reason = phase.reason(self.phase_after, self.factor, now, thread)
-            return self._begin(step, since, phase.deadline, reason)
+            return self._begin(step, since_at, since, phase.deadline, reason)
         threshold = stall_threshold(self.after, self.factor, starts)
         if since <= threshold:
             return None
         self._due = None
-        return self._begin(step, since, threshold, self._step_reason(starts))
+        return self._begin(step, since_at, since, threshold, self._step_reason(starts))
 
     def _overdue(self, last: float | None, now: float) -> OpenPhase | None:
         """The open phase past its deadline, if any; notes when the next one will be."""
@@ -359,17 +360,18 @@ class StallWatchdog:
         self._due = min((p.due for p in watched if p.due >= now), default=None)
         return overdue_phase(watched, now)
 
-    def resumed(self) -> float | None:
-        """Called on the training thread by the first ``log_metrics`` after a stall: the stall's
-        length (seconds from the last call before it to now), handed on to this thread. Costs a
-        clock read and a lock; ``None`` when no stall was under way."""
+    def resumed(self, at: float, step: int) -> float | None:
+        """Called on the training thread by the first ``log_metrics`` after a stall, stamped
+        ``at`` (monotonic) at ``step``: the stall's length (from the last call before it to
+        that one: the row and the "stall ended" event say the same seconds, at the same step),
+        handed on to this thread. Costs a lock; ``None`` when no stall was under way."""
         with self._lock:
             current = self.current
             if current is None:
                 return None
             self.current = None
-            length = time.monotonic() - current.last_call
-            self._ended = (current, length)
+            length = at - current.last_call
+            self._ended = (current, length, step)
         self._wake.set()
         return length
 
@@ -404,9 +406,11 @@ class StallWatchdog:
         durations = [b - a for a, b in itertools.pairwise(starts)][-RECENT_STEPS:]
         return reason + (f"{statistics.median(durations):.3g} s)" if durations else "n/a)")
 
-    def _begin(self, step: int | None, since: float, threshold: float, reason: str) -> StallReport:
+    def _begin(
+        self, step: int | None, last_call: float, since: float, threshold: float, reason: str
+    ) -> StallReport:
         report = StallReport(self.run_id, step, time.time(), since, threshold, reason)
-        report.last_call = time.monotonic() - since
+        report.last_call = last_call  # the recorded stamp: one clock, no second read
         try:
             self._gather(report)
         except Exception as exc:
@@ -418,23 +422,23 @@ class StallWatchdog:
         self._on_stall(report)
         # A call may have come while the report was gathered (stacks take seconds): then the
         # stall is already over, and no later call would tell.
-        last = self._activity()[0]
+        last, moved_to, _ = self._activity()
         if last is not None and last > report.last_call + 1e-9:
             with self._lock:
                 if self.current is report:
                     self.current = None
-                    self._ended = (report, last - report.last_call)
+                    self._ended = (report, last - report.last_call, moved_to)
             self._wake.set()
         return report
 
-    def _finish(self, report: StallReport, length: float) -> None:
+    def _finish(self, report: StallReport, length: float, step: int | None) -> None:
         report.ended = {
             "at": _iso(time.time()),
             "seconds": round(length, 3),
             "summary": f"stall ended: steps resumed after {length:.1f} s without one",
         }
         self._write(report)
-        self._on_end(report, length)
+        self._on_end(report, length, step)
 
     def _write(self, report: StallReport) -> Path | None:
         if report.path is not None:

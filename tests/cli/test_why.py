@@ -508,3 +508,124 @@ def test_a_100k_row_file_is_streamed(log_dir, tmp_path):
     assert [s.seconds for s in answer.slowest] == [slow_wall] * 5
     assert [s.step for s in answer.slowest] == [1, 5, 9, 13, 17]  # ties: lowest steps first
     assert took < 30, took
+
+
+def relaunch(log_dir: Path, steps: range, slow: dict[int, float], run_id: str = "x") -> None:
+    """One launch of run ``run_id``: a timed generation at each step, ``slow[step]`` seconds
+    long where given (else 0.01)."""
+    with Logger({"log_dir": str(log_dir), "run_id": run_id}) as logger:
+        for step in steps:
+            with logger.timer("generation"):
+                time.sleep(slow.get(step, 0.01))
+            logger.log_metrics({"loss": float(step)}, step=step)
+
+
+def test_a_relaunched_run_is_read_at_its_latest_attempt(log_dir):
+    """Run ``x`` logs 0-9 (its step 8 very slow), is relaunched from step 5 and logs 5-12 (its
+    step 7 slow): the steps are 0-12 once each, 5-9 with the second attempt's rows, so the slow
+    step 8 of the superseded attempt is not among the slowest."""
+    relaunch(log_dir, range(10), {8: 0.5})
+    relaunch(log_dir, range(5, 13), {7: 0.25})
+    path = log_dir / "metrics.jsonl"
+    every = rows_by_step(path, every_attempt=True)
+    latest = rows_by_step(path)
+    assert sorted(latest) == list(range(13))
+    walls = {s: row["anatomy/wall/seconds"] for s, row in latest.items()}
+    assert max(walls, key=walls.__getitem__) == 7 and walls[7] >= 0.25
+    assert walls[8] < 0.25  # the second attempt's step 8
+    first_eight = [r for r in jsonl_rows(path) if r["step"] == 8 and r["attempt"] == 1]
+    assert first_eight[0]["metrics"]["anatomy/wall/seconds"] >= 0.5  # there, but superseded
+    assert every[8]["anatomy/wall/seconds"] == walls[8]  # merged: the later line wins
+
+    out = why(log_dir).stdout.splitlines()
+    assert out[0] == f"otel-rl why: {path} (13 steps: 0-12)"
+    median = statistics.median(walls.values())
+    assert f"slowest steps (step time; median {duration(median)}):" in out
+    listed = out.index(f"slowest steps (step time; median {duration(median)}):")
+    assert out[listed + 1].startswith(f"  step 7: {duration(walls[7])} (")
+    assert "  attempt 2 resumed at step 5; 5 superseded rows of attempt 1 left out" in out
+    assert not any("written again" in line or "rows of 2 runs" in line for line in out)
+
+    answer = json.loads(why(log_dir, "--step", "8", "--json").stdout)
+    assert answer["steps"] == 13 and answer["step_ranges"] == "0-12"
+    assert answer["step"]["step"] == 8 and answer["step"]["seconds"] == walls[8]
+    assert answer["attempts"] == {
+        "resumes": [{"run_id": "x", "attempt": 2, "step": 5}],
+        "superseded": [{"run_id": "x", "attempt": 1, "rows": 5}],
+    }
+    assert "attempt 2 resumed at step 5; 5 superseded rows of attempt 1 left out" in (
+        answer["notes"]
+    )
+
+
+def test_a_third_attempt_below_the_second_and_a_resume_record_last(log_dir, tmp_path):
+    """Attempt 3 goes back to step 3, below attempt 2's 5: steps 0-2 are the first attempt's,
+    3-7 the third's, attempt 2's 8-12 are gone. Then the same file cut right after a fourth
+    launch's resume record (a kill between that record and its first row): its rows from step 6
+    on are superseded with nothing after them."""
+    relaunch(log_dir, range(10), {})
+    relaunch(log_dir, range(5, 13), {})
+    relaunch(log_dir, range(3, 8), {4: 0.2})
+    answer = explain(log_dir)
+    assert (answer.steps, answer.step_ranges) == (8, "0-7")
+    assert answer.slowest[0].step == 4
+    assert (
+        "attempt 2 resumed at step 5; attempt 3 resumed at step 3; 7 superseded rows of "
+        "attempt 1 left out; 8 superseded rows of attempt 2 left out"
+    ) in answer.notes
+
+    relaunch(log_dir, range(6, 9), {})
+    lines = (log_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    cut = max(i for i, line in enumerate(lines) if '"resume":' in line) + 1
+    assert json.loads(lines[cut - 1])["resume"] == {"attempt": 4, "step": 6}
+    killed = tmp_path / "killed" / "metrics.jsonl"
+    killed.parent.mkdir()
+    killed.write_text("".join(lines[:cut]))
+    out = why(killed.parent).stdout.splitlines()
+    assert out[0].endswith("(6 steps: 0-5)")
+    assert (  # attempt 4 supersedes attempt 3's 6-7; attempt 2's rows were gone already
+        "  attempt 2 resumed at step 5; attempt 3 resumed at step 3; attempt 4 resumed at step "
+        "6; 7 superseded rows of attempt 1 left out; 8 superseded rows of attempt 2 left out; "
+        "2 superseded rows of attempt 3 left out"
+    ) in out
+    done = why(killed.parent, "--step", "7", check=False)
+    assert done.returncode == 2
+    assert one_clear_line(done.stderr) == (
+        "otel-rl why: step 7 is not in the run; its steps: 0-5"
+    )
+
+
+def test_a_relaunched_run_read_by_its_layout_and_decoded_as_json_gives_one_answer(
+    log_dir, tmp_path
+):
+    """The resume record and the rows with ``"attempt"`` read without decoding, and the same
+    lines written in another layout (decoded as JSON), give the same answer; so does a file
+    written before attempts existed (the same rows without ``"attempt"``) for a single run."""
+    relaunch(log_dir, range(6), {2: 0.1})
+    relaunch(log_dir, range(3, 8), {5: 0.2})
+    written = jsonl_rows(log_dir / "metrics.jsonl")
+    spaced = tmp_path / "spaced" / "metrics.jsonl"
+    spaced.parent.mkdir()
+    spaced.write_text("".join(json.dumps(row) + "\n" for row in written))
+    mine, decoded = explain(log_dir).to_json(), explain(spaced.parent).to_json()
+    assert mine.pop("metrics") != decoded.pop("metrics")
+    assert mine == decoded
+    assert mine["steps"] == 8 and mine["slowest"][0]["step"] == 5
+    assert mine["attempts"]["superseded"] == [{"run_id": "x", "attempt": 1, "rows": 3}]
+
+    single = tmp_path / "single" / "metrics.jsonl"
+    single.parent.mkdir()
+    first = [r for r in written if r["attempt"] == 1]
+    single.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in first))
+    old = tmp_path / "old" / "metrics.jsonl"
+    old.parent.mkdir()
+    old.write_text("".join(
+        json.dumps({k: v for k, v in r.items() if k != "attempt"}, separators=(",", ":")) + "\n"
+        for r in first
+    ))  # fmt: skip
+    assert '"attempt"' not in old.read_text()
+    now, before = explain(single.parent).to_json(), explain(old.parent).to_json()
+    assert now.pop("metrics") != before.pop("metrics")
+    assert now == before
+    assert now["steps"] == 6 and now["slowest"][0]["step"] == 2
+    assert now["attempts"] == {"resumes": [], "superseded": []}

@@ -20,7 +20,7 @@ from otel_rl.compat.nemo_rl import (
     print_message_log_samples,
 )
 from testkit import servers
-from testkit.readers import jsonl_rows
+from testkit.readers import metric_rows
 
 mlflow_server = servers.mlflow_server
 
@@ -56,8 +56,9 @@ def test_every_backend_off_means_no_loggers_and_jsonl_only_when_asked(log_dir, c
     with Logger(nemo_config(log_dir, jsonl_enabled=True)) as logger:
         assert [e.name for e in logger.loggers] == ["jsonl"]
         logger.log_metrics({"loss": 0.5}, 3, prefix="train")
-    (row,) = jsonl_rows(log_dir / "metrics.jsonl")
-    assert row["step"] == 3 and row["metrics"] == {"train/loss": 0.5}
+    # The same config in the same log dir is the run's next attempt (docs/recipes/nemo-rl.md).
+    (row,) = metric_rows(log_dir / "metrics.jsonl")
+    assert row["step"] == 3 and row["metrics"] == {"train/loss": 0.5} and row["attempt"] == 2
     assert "No loggers initialized" not in capsys.readouterr().out
 
 

@@ -71,10 +71,12 @@ def test_env_only_configuration_tensorboard_file_and_console(workdir, monkeypatc
     assert out[0].startswith("step:1 - actor/pg_loss:0.5 - critic/score/mean:0.1")
     assert len([line for line in out if line.startswith("step:")]) == 3
 
-    # A second run (a resume) appends to the file instead of truncating it.
+    # A second run (a resume) appends to the file instead of truncating it, after the line
+    # that says where its attempt begins.
     run_verl_script(range(4, 6), ["file"])
     rows = jsonl_rows(workdir / "metrics" / "run.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows if "resume" not in r] == [1, 2, 3, 4, 5]
+    assert [r["resume"] for r in rows if "resume" in r] == [{"attempt": 2, "step": 4}]
 
 
 def test_default_locations_follow_verl(workdir):

@@ -68,6 +68,14 @@ def _run(tmp_path: Path, harness: Harness, iterations: int, record_property) -> 
         f"{len(summary.failures)} invariant violation(s), seed {SEED} "
         f"(summary in {path}):\n" + "\n".join(summary.failures)
     )
+    # No violation means something only if the campaign did what it claims: rows were
+    # expected and checked, and its faults were injected.
+    assert summary.iterations == len(indices)
+    assert summary.total.expected > 0 and summary.total.expected_delivered > 0
+    if ONLY is None:
+        assert summary.kills > 0 and summary.replay_kills > 0, "no kill reached a process"
+        assert summary.damaged_spools > 0 and summary.replays_during_run > 0
+        assert summary.delivery_process > 0 and summary.overloads
 
 
 def test_checker_finds_missing_duplicate_out_of_order_and_wrong_rows():

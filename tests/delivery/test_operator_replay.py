@@ -465,12 +465,14 @@ def test_two_live_loggers_with_one_run_id_is_a_clear_error_and_leaves_nothing_ru
 def test_a_run_restarted_with_the_same_run_id_never_takes_the_dead_runs_waiting_records(
     tmp_path,
 ):
-    """Killed with records waiting for replay, then started again under the same run_id (a
-    job id, a resume): the new run spools beside the old records, says so once, and replay
-    still delivers them; nothing is lost, nothing doubled."""
+    """Killed with records waiting for replay, then started again under the same run_id as a
+    new run (``resume: never``; a resumed one delivers them first: tests/run/test_resume.py):
+    the new run spools beside the old records, says so once, and replay still delivers them;
+    nothing is lost, nothing doubled."""
     log_dir = tmp_path / "logs"
     _run_with_trackers_down(log_dir, steps=50, run_id="job-7")  # 50 records wait
-    with Logger({"log_dir": str(log_dir), "run_id": "job-7", "tensorboard_enabled": True}) as lg:
+    with Logger({"log_dir": str(log_dir), "run_id": "job-7", "tensorboard_enabled": True,
+                 "resume": "never"}) as lg:  # fmt: skip
         for step in range(100, 105):
             lg.log_metrics({"loss": step / 10, "reward": [1.0, 2.0, float(step)]}, step=step)
     assert [r["step"] for r in jsonl_rows(log_dir / "metrics.jsonl")] == list(range(100, 105))

@@ -40,16 +40,11 @@ class FlakyTracker(TrackerExporter):
 def test_backend_down_for_3s_then_recovers(log_dir, otel_rl_warnings):
     tracker = FlakyTracker(fail_for=3.0, retry_max_backoff=0.5)
     logger = Logger({"log_dir": str(log_dir), "jsonl_enabled": False}, exporters=[tracker])
-    worst = 0.0
-    started = time.monotonic()
     for step in range(200):
-        t0 = time.perf_counter()
         logger.log_metrics({"loss": step / 10, "reward": -step}, step=step)
-        worst = max(worst, time.perf_counter() - t0)
-    loop_time = time.monotonic() - started
-    # The loop never waited on the dead tracker: it ended while the tracker was still failing.
-    assert loop_time < 3.0
-    assert worst < 0.5
+    # The loop never waited on the dead tracker: it ended while the tracker was still failing,
+    # with nothing delivered yet (how fast it is: benchmarks/, never here).
+    assert time.monotonic() < tracker.fail_until and tracker.rows == []
     assert logger.flush(timeout=20)
     logger.finish()
     assert tracker.failures > 0
@@ -100,6 +95,26 @@ def test_shutdown_timeout_reports_undelivered(log_dir, otel_rl_warnings):
     assert time.monotonic() - started < 3.0
     messages = " ".join(r.getMessage() for r in otel_rl_warnings.records)
     assert "not delivered before the shutdown timeout" in messages
+
+
+@pytest.mark.parametrize("keyword", ["timeout_millis", "timeout"])
+def test_a_tracker_shut_down_by_hand_speaks_of_its_deadline_in_the_unit_it_was_given(
+    keyword, otel_rl_warnings
+):
+    """``shutdown`` takes milliseconds, as OpenTelemetry's exporters do (its periodic reader
+    passes ``timeout=``): the message says so, in milliseconds, and names no config key the
+    caller never set."""
+    from otel_rl.core.records import StepBatch
+
+    slow = SlowTracker(0.3)
+    for step in range(5):
+        slow.submit(StepBatch(step=step, values={"x": float(step)}))
+    slow.shutdown(**{keyword: 1.0})
+    said = [r.getMessage() for r in otel_rl_warnings.records]
+    (message,) = [m for m in said if "record(s) not delivered" in m]
+    assert "1 ms given to shutdown()" in message and "milliseconds" in message
+    assert not any("export.shutdown_timeout" in m for m in said)
+    assert slow.steps and len(slow.steps) < 5  # the write in flight ended, no new one began
 
 
 class RejectingTracker(TrackerExporter):

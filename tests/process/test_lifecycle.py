@@ -410,6 +410,45 @@ def test_finish_leaves_a_sigterm_handler_installed_after_the_logger_alone(tmp_pa
         signal.signal(signal.SIGTERM, original)
 
 
+def test_the_last_finish_leaves_no_signal_thread_nor_its_pipe_behind(tmp_path):
+    """A process that used Loggers and goes on without one keeps no thread or descriptor of
+    ours: the signal re-send thread and its pipe end with the last Logger handling signals (and
+    come back with the next one)."""
+    script = textwrap.dedent(
+        """
+        import os, sys, threading, time
+        from otel_rl import Logger
+
+        def pipes():
+            found = set()
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                        found.add(int(fd))
+                except OSError:
+                    pass
+            return found
+
+        def ours():
+            return [t.name for t in threading.enumerate() if t.name == "otel-rl-signals"]
+
+        before = pipes()
+        for run in ("a", "b"):
+            logger = Logger({"log_dir": os.path.join(sys.argv[1], run)})
+            assert ours() == ["otel-rl-signals"] and len(pipes() - before) == 2, (ours(), pipes())
+            logger.log_metrics({"x": 1.0}, step=0)
+            logger.finish()
+            deadline = time.monotonic() + 5
+            while ours() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print(run, ours(), sorted(pipes() - before), flush=True)
+        """
+    )
+    out = _run(script, str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["a [] []", "b [] []"]
+
+
 # ---- fork --------------------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import venv
@@ -71,3 +72,17 @@ def test_the_extension_api_is_one_public_module_and_the_version_is_the_installed
         Base, Rejected, Batch, Histogram
     )
     assert otel_rl.__version__ == version("otel-rl")
+
+
+def test_the_docs_install_from_the_checkout_never_from_a_package_index():
+    """No project of ours is published under this name: a doc telling users to ``pip install
+    otel-rl`` would install whatever another party put there. Every install line installs the
+    checkout, as the README does."""
+    root = Path(__file__).resolve().parents[2]
+    lines = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"pip install [^&#|;]*\botel-rl\b", line)
+    ]
+    assert lines == []

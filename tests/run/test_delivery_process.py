@@ -337,7 +337,9 @@ def test_a_dead_delivery_process_never_costs_the_loop_and_its_records_wait_for_r
 ):
     """Killed during the run (as by the OOM killer): the loop goes on at once, every record
     logged after goes to the leftover file, and replay delivers every step once."""
-    logger = Logger(_cfg(tmp_path))
+    cfg = _cfg(tmp_path)
+    cfg["export"] = {**cfg["export"], "shutdown_timeout": 600}  # finish() must not wait for it
+    logger = Logger(cfg)
     for step in range(10):
         logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
     assert logger.flush(30)
@@ -353,7 +355,8 @@ def test_a_dead_delivery_process_never_costs_the_loop_and_its_records_wait_for_r
             logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
     began = time.monotonic()
     logger.finish()
-    assert time.monotonic() - began < 2.0
+    # It never waited for the dead process until the deadline (600 s, see the config).
+    assert time.monotonic() - began < 60
     assert (logger.exporters[0].lost, logger.exporters[0].undelivered) == ({}, 50)
     assert [r.getMessage() for r in caplog.records if "delivery process exited" in r.getMessage()]
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
@@ -462,12 +465,10 @@ def test_a_handler_that_raises_or_is_slow_costs_no_counter_nor_the_deadline(
         for step in [0, 1, 2, 1, 3]:  # a backwards step: each tracker warns once
             logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
         logger.log_hyperparams({"late": 1})  # TensorBoard warns: after the first step
-        began = time.monotonic()
         assert logger.flush(10)
-        assert time.monotonic() - began < 2.0
         began = time.monotonic()
         logger.finish()
-        assert time.monotonic() - began < 2.0 + 1.0
+        assert time.monotonic() - began < 2.0 + 1.0  # its deadline (shutdown_timeout + grace)
     finally:
         own.removeHandler(installed)
     assert {e.name: (e.stats["delivered"], e.pending, e.stats["retries"])

@@ -229,6 +229,7 @@ def test_ray_not_initialized_is_warned_once_and_retried(log_dir, caplog):
         "step": 0,
         "time": row["time"],
         "run_id": logger.run_id,
+        "attempt": 1,
         "metrics": {"loss": 1.0},
     }
 

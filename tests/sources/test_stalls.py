@@ -200,7 +200,7 @@ def test_a_call_during_the_report_ends_the_stall_it_began():
     watchdog = StallWatchdog(
         run_id="r", report_dir=Path("/nonexistent/never-written"), after=0.01, factor=1,
         activity=lambda: (state["last"], 3, []), gather=gather,
-        on_stall=lambda report: None, on_end=lambda report, length: ended.append(length),
+        on_stall=lambda report: None, on_end=lambda report, length, step: ended.append(length),
     )  # fmt: skip
     time.sleep(0.05)
     assert watchdog.check() is not None
@@ -430,3 +430,27 @@ def test_a_stall_reaches_every_tracker_with_text_as_text(offline_trackers, tmp_p
     assert "stalled: no step for" in Path(first).read_text()
     tags = tensorboard_accumulator(log_dir / "tensorboard").Tags()["tensors"]
     assert any("otel_rl/stall" in tag for tag in tags)
+
+
+def test_the_stall_length_is_one_clock_and_its_end_is_told_at_the_step_that_moved(tmp_path):
+    """``stall/seconds`` runs from the recorded stamp of the last call before the stall to the
+    call that moved again (never a second clock read), and the "stall ended" event names the
+    step whose row carries it, however fast the steps after it come."""
+    log_dir = tmp_path / "logs"
+    with Logger({"log_dir": str(log_dir), "stalls": {"after": 0.3, "factor": 1}}) as logger:
+        logger.log_metrics({"x": 0.0}, step=0)
+        logger.log_metrics({"x": 1.0}, step=1)
+        quiet_from = time.monotonic()
+        wait_for(lambda: sorted((log_dir / "stalls").glob("*.json")), 10, "a report")
+        time.sleep(0.2)
+        quiet_until = time.monotonic()
+        for step in range(2, 40):  # the run moves again, fast
+            logger.log_metrics({"x": float(step)}, step=step)
+    rows = {r["step"]: r["metrics"] for r in jsonl_rows(log_dir / "metrics.jsonl")}
+    seconds = rows[2]["stall/seconds"]
+    assert seconds >= quiet_until - quiet_from  # from the last call's own stamp
+    (report,) = [json.loads(p.read_text()) for p in (log_dir / "stalls").glob("*.json")]
+    assert report["ended"]["seconds"] == round(seconds, 3)
+    ended = [e for e in jsonl_rows(log_dir / "events.jsonl") if e["level"] == "info"]
+    assert [e["step"] for e in ended] == [2]
+    assert all("stall/seconds" not in rows[s] for s in rows if s != 2)
