@@ -197,7 +197,9 @@ class PreviousLaunch:
         self._command = [
             sys.executable, "-m", "otel_rl.cli", "replay", str(self._log_dir), "--run",
             self._run_id, "--before-attempt", str(history.attempt), "--no-progress",
-            "--timeout", str(timeout), "--wait", str(timeout),  # a replay of the user's first
+            # --wait: a spool that an operator's own replay (or a killed launch's delivery
+            # process, still spooling) holds is waited for, not skipped.
+            "--timeout", str(timeout), "--wait", str(timeout),
         ]  # fmt: skip
         self.started = 0.0
         self.returncode: int | None = None
