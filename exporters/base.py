@@ -220,6 +220,18 @@ class TrackerExporter(MetricExporter):
     def _warn_once(self, kind: str, message: str, *args: Any) -> None:
         self._channel.warn_once(kind, message, *args)
 
+    def _value_refused(self, kind: str, key: str, reason: str) -> None:
+        """One value of a record that the tracker refused for good while it took the record's
+        other values: counted in ``stats["refused_values"]`` (the record itself counts as
+        delivered) and named once per key."""
+        self.stats["refused_values"] += 1
+        self._warn_once(
+            f"refused:{kind}:{key}",
+            "%s: the tracker refused %s %r, skipped (the record's other values were delivered; "
+            "further refusals are counted in stats['refused_values']): %s",
+            self.name, kind, key, reason,
+        )  # fmt: skip
+
     def _axis_point(self, metrics_data: MetricsData) -> tuple[int, str | None]:
         step = last_gauge_value(metrics_data, self._step_gauge) if self._step_gauge else None
         if step is not None:

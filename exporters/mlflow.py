@@ -377,16 +377,7 @@ class MlflowExporter(TrackerExporter):
             if not _is_permanent(exc):
                 raise  # down or busy: the base class retries with backoff
             if len(items) == 1:
-                self.stats["rejected"] += 1
-                key = items[0].key
-                self._warn_once(
-                    f"refused:{kind}:{key}",
-                    "%s: MLflow refused %s %r, skipped: %s",
-                    self.name,
-                    kind[:-1],
-                    key,
-                    _first_line(exc),
-                )
+                self._value_refused(kind[:-1], items[0].key, _first_line(exc))
                 return
             half = len(items) // 2
             self._send(items[:half], kind)

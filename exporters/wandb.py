@@ -26,6 +26,8 @@ over the relaunch's ``resume``, which W&B refuses beside it.
 from __future__ import annotations
 
 import os
+import secrets
+import string
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -86,6 +88,13 @@ class WandbExporter(SdkRunExporter):
             self.init_kwargs.pop("resume", None)
             if self.init_kwargs.get("fork_from"):
                 self.init_kwargs.pop("id", None)
+        if not self.init_kwargs.get("id") and not self.init_kwargs.get("fork_from"):
+            # Named before ``wandb.init`` (seconds long) and kept in the spool's metadata: a
+            # launch killed while W&B starts its run is continued under that run's id, never
+            # beside it under a second one.
+            self.init_kwargs["id"] = _new_run_id()
+            self.resume_config = {"wandb": {"id": self.init_kwargs["id"], "resume": "allow"}}
+            self._remember_resume()
         self.run = wandb.init(**self.init_kwargs)
         # ``otel-rl replay`` reopens this very run rather than starting another one.
         self.resume_config = {"wandb": {"id": self.run.id, "resume": "allow"}}
@@ -214,3 +223,9 @@ def _step_metric_for(key: str, step_metrics: Mapping[str, str]) -> str | None:
     if matches:
         return step_metrics[max(matches, key=len)]
     return STEP_KEY
+
+
+def _new_run_id() -> str:
+    """A run id as W&B makes them: eight lowercase letters and digits."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(8))

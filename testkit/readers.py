@@ -26,12 +26,16 @@ def tensorboard_accumulator(log_dir: str | Path) -> Any:
     return acc
 
 
-def jsonl_rows(path: str | Path) -> list[dict[str, Any]]:
+def jsonl_rows(path: str | Path, torn_tail: bool = False) -> list[dict[str, Any]]:
     """Every line of a JSONL file, decoded, as written: of a relaunched run's ``metrics.jsonl``,
     every attempt's rows and the resume records too (:func:`metric_rows` reads the rows that
-    count)."""
+    count). ``torn_tail``: a last line without its newline (its writer killed in the middle of a
+    write; the tracker cuts it when it next opens the file) is left out instead of failing."""
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = f.readlines()
+    if torn_tail and lines and not lines[-1].endswith("\n"):
+        lines.pop()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def metric_rows(path: str | Path, every_attempt: bool = False) -> list[dict[str, Any]]:

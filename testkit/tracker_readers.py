@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,15 @@ def wandb_run_dirs(root: Path) -> list[Path]:
     base = Path(root) / "wandb"
     dirs = [p for p in base.iterdir() if p.is_dir() and "run-" in p.name and not p.is_symlink()]
     return sorted(dirs, key=lambda p: p.name)
+
+
+def wandb_folder_run_id(run_dir: Path) -> str:
+    """The run id W&B put in a run folder's name: ``[offline-]run-<date>_<time>-<id>``, with
+    ``-<n>`` after it when two folders of the run were made in the same second."""
+    match = re.fullmatch(r"(?:offline-)?run-\d{8}_\d{6}-(.+?)(?:-\d+)?", run_dir.name)
+    if match is None:
+        raise AssertionError(f"{run_dir} is not named as W&B names a run's folder")
+    return match.group(1)
 
 
 def read_wandb(run_dir: Path) -> WandbRun:

@@ -69,7 +69,7 @@ from otel_rl.delivery.spool import (
     read_meta,
     record_at,
     segment_paths,
-    spool_root,
+    spool_dirs,
     spools_of_run,
     tracker_runs_of,
     waiting_records,
@@ -131,9 +131,7 @@ def spooled_runs(
     launches of one run come in the order they ran (their attempt), so a tracker gets an earlier
     attempt's records before a later one's. ``run_id``: only that run's; ``before_attempt``: only
     its launches before that one (a relaunch completing its earlier launches, never its own)."""
-    root = spool_root(log_dir)
-    found = {p.parent for p in root.glob("*/*/meta.json")}
-    found |= {p.parent for p in root.glob("*/*/wal-*.jsonl")}
+    found = set(spool_dirs(log_dir))
     if run_id is not None:
         found = {d for d in found if _run_of(d) == run_id}
     if before_attempt is not None:

@@ -848,11 +848,36 @@ def read_meta(directory: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def spool_dirs(log_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every spool folder (``<tracker>/<run>``) under ``log_dir`` that holds a ``meta.json`` or
+    segments. Hidden folders (the delivery process's ``.handoff``) are passed by, and so is a
+    folder removed while it is listed (a delivery process ending beside the caller)."""
+    found = []
+    for tracker in _subdirs(spool_root(log_dir)):
+        for spool in _subdirs(tracker):
+            try:
+                names = os.listdir(spool)
+            except OSError:
+                continue
+            if any(n == "meta.json" or (n.startswith("wal-") and n.endswith(".jsonl"))
+                   for n in names):
+                found.append(spool)
+    return sorted(found)
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    try:
+        with os.scandir(folder) as entries:
+            return [Path(e.path) for e in entries
+                    if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
 def spools_of_run(log_dir: str | os.PathLike[str], run_id: str) -> list[Path]:
     """The spool folders every launch of ``run_id`` wrote under ``log_dir`` (by their
     metadata: a run id names a folder whatever characters it holds)."""
-    found = (p.parent for p in spool_root(log_dir).glob("*/*/meta.json"))
-    return sorted(d for d in found if read_meta(d).get("run_id") == run_id)
+    return [d for d in spool_dirs(log_dir) if read_meta(d).get("run_id") == run_id]
 
 
 def tracker_runs_of(log_dir: str | os.PathLike[str], run_id: str) -> dict[str, dict[str, Any]]:

@@ -27,8 +27,8 @@ from otel_rl.core.redaction import compile_patterns
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.delivery.frames import decode_record, read_frames
 from otel_rl.delivery.intake import forget_launch
+from otel_rl.delivery.link_child import CHILD_GRACE
 from otel_rl.delivery.options import ExportOptions
-from otel_rl.delivery.service_link import CHILD_GRACE
 from otel_rl.delivery.spool import spool_for
 from otel_rl.process.cores import keep_process_to
 from otel_rl.process.deadline import Deadline, stop_in_parallel

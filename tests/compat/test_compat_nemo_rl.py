@@ -326,6 +326,7 @@ def _claim(base: str, queue) -> None:
     queue.put(get_next_experiment_dir(base))
 
 
+@pytest.mark.slow
 def test_next_experiment_dir_is_unique_across_concurrent_jobs(tmp_path):
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()

@@ -21,7 +21,12 @@ from typing import Any
 import pytest
 
 from testkit.readers import jsonl_rows, tensorboard_scalars
-from testkit.tracker_readers import read_wandb, wandb_number, wandb_run_dirs
+from testkit.tracker_readers import (
+    read_wandb,
+    wandb_folder_run_id,
+    wandb_number,
+    wandb_run_dirs,
+)
 
 FIRST = range(0, 31)
 SECOND = range(21, 41)
@@ -135,9 +140,9 @@ def _one_wandb_run(root: Path, key: str) -> None:
     """
     folders = wandb_run_dirs(root)
     assert len(folders) == 2
-    assert len({folder.name.rsplit("-", 1)[1] for folder in folders}) == 1
+    assert len({wandb_folder_run_id(folder) for folder in folders}) == 1
     killed, relaunched = (read_wandb(folder) for folder in folders)
-    assert relaunched.run_id == folders[0].name.rsplit("-", 1)[1] and relaunched.resumed
+    assert relaunched.run_id == wandb_folder_run_id(folders[0]) and relaunched.resumed
     first, second = (
         {row["global_step"]: wandb_number(row[key]) for row in run.history if key in row}
         for run in (killed, relaunched)

@@ -176,6 +176,7 @@ def test_vemlp_wandb_is_a_wandb_run_with_verls_settings(workdir, offline_tracker
     assert table["data"] == [[2, "What is 2+2?", "4", 1.0, "What is 3+3?", "7", 0.0]]
 
 
+@pytest.mark.slow
 def test_dapo_filtered_reward_table_goes_to_wandb_only(workdir, offline_trackers, caplog):
     pytest.importorskip("wandb")
     from testkit.tracker_readers import read_wandb, wandb_run_dirs

@@ -4,6 +4,7 @@ numbers, YAML syntax errors, a directory as the config file, and a Prometheus po
 from __future__ import annotations
 
 import math
+import os
 import socket
 import threading
 import time
@@ -381,6 +382,7 @@ def test_a_log_dir_that_cannot_hold_the_spool_is_a_config_error(tmp_path, caplog
     the same words when the delivery process found it."""
     (tmp_path / "afile").write_text("")
     before = {t.name for t in threading.enumerate()}
+    pipes = _pipes()
     with pytest.raises(ConfigError) as error:
         Logger({"log_dir": str(tmp_path / "afile" / "logs"), "export": {"delivery": delivery}})
     assert str(error.value).startswith(
@@ -389,5 +391,19 @@ def test_a_log_dir_that_cannot_hold_the_spool_is_a_config_error(tmp_path, caplog
     )
     assert str(error.value).endswith("give a writable folder, or set export.spool: false")
     assert {t.name for t in threading.enumerate()} - before == set()
+    assert _pipes() == pipes  # the pipes to a delivery process that never started are closed
     time.sleep(0.3)  # the delivery process's end is heard by a thread of the link
     assert "delivery process exited" not in caplog.text  # no run had started: no such news
+
+
+def _pipes() -> set[str]:
+    """This process's open pipe descriptors, as ``<fd> -> pipe:[<inode>]``."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        if target.startswith("pipe:"):
+            found.add(f"{fd} -> {target}")
+    return found

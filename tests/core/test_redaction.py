@@ -227,6 +227,7 @@ def plain_key(draw):
     return sep.join(words)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(plain_key(), st.sampled_from(SECRET_WORDS), _SEP, st.booleans())
 def test_property_trailing_secret_words_and_only_them(key, secret, sep, camel):
@@ -391,6 +392,7 @@ def test_spool_files_are_private_whatever_the_umask(tmp_path):
     assert set(files.values()) == {0o600}, files
 
 
+@pytest.mark.slow
 def test_the_configs_extra_patterns_reach_a_trackers_own_init_config(tmp_path):
     """``wandb: {config: ...}`` goes to ``wandb.init`` as it is, so the run's extra patterns apply
     to it as they do to hyperparameters: read back from W&B's offline files with its reader."""

@@ -14,6 +14,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from otel_rl import Logger
 from otel_rl.cli.replay import replay
 from otel_rl.delivery.frames import encode_frame
@@ -44,6 +46,7 @@ def _spool(tmp_path: Path, tracker: str) -> Path:
     return next((spool_root(tmp_path / "logs") / tracker).iterdir())
 
 
+@pytest.mark.slow
 def test_frames_left_in_files_are_spooled_once_even_when_stopped_part_way(tmp_path):
     logger = _far_behind_run(tmp_path, 3000)
     assert {e.name: e.undelivered for e in logger.exporters} == {"jsonl": 3000,
@@ -97,6 +100,7 @@ def test_a_launch_whose_training_process_lives_is_left_alone(tmp_path):
     assert not handoff_dir(tmp_path / "logs").exists()  # nothing was left: the files went
 
 
+@pytest.mark.slow
 def test_a_frame_that_cannot_be_read_back_costs_only_itself(tmp_path):
     """A damaged record frame among the leftover ones is counted and named; every other frame
     is spooled and delivered, and the next replay has nothing more to say."""

@@ -350,6 +350,7 @@ def _read_only(directory: Path, argv: list[str]) -> list[str]:
     return ["unshare", "-m", "sh", "-c", script + ' && exec "$@"', "sh", *argv]
 
 
+@pytest.mark.slow
 def test_a_read_only_spool_names_the_path_and_what_waits_there(tmp_path):
     log_dir = tmp_path / "logs"
     _run_with_trackers_down(log_dir, steps=10)
@@ -462,6 +463,7 @@ def test_two_live_loggers_with_one_run_id_is_a_clear_error_and_leaves_nothing_ru
     Logger({"log_dir": str(tmp_path), "run_id": "same"}).finish()
 
 
+@pytest.mark.slow
 def test_a_run_restarted_with_the_same_run_id_never_takes_the_dead_runs_waiting_records(
     tmp_path,
 ):
@@ -501,6 +503,7 @@ def _spool_of(log_dir: Path, steps: int) -> Path:
     return directory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["middle segment deleted", "last segment deleted",
                                     "last segment emptied", "last segment cut mid-line"])
 def test_records_cut_from_the_spool_from_outside_are_named_and_counted(tmp_path, damage):
@@ -552,6 +555,7 @@ def test_a_spool_without_its_metadata_is_reported_with_what_waits_there(tmp_path
     assert out.returncode == 1 and "is unreadable" in out.stderr and "50 waiting" in out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_replay_waiting_for_a_spool_stops_at_once_on_a_signal(tmp_path, sig):
     log_dir = tmp_path / "logs"
@@ -651,6 +655,7 @@ def test_replay_passes_over_a_spool_with_nothing_waiting_even_when_its_tracker_c
     assert "inmemory" in refused.stdout and "0/1 record(s) delivered" in refused.stdout
 
 
+@pytest.mark.slow
 def test_a_record_the_tracker_refuses_in_replay_is_counted_lost_not_delivered(tmp_path):
     """The summary line counts what the tracker holds; a refused record is set aside (replay
     exits 0 and never offers it again) and named among the losses."""

@@ -123,6 +123,7 @@ def _run_flat_out(tmp_path: Path, delivery: str, seconds: float) -> dict:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delivery", ["thread", "process"])
 def test_a_loop_flat_out_then_finish_far_behind_loses_nothing(tmp_path, delivery):
     """A second and a half flat out, then ``finish()`` with a 2 s deadline that passes far

@@ -315,6 +315,7 @@ def test_a_backlog_whose_steps_go_back_at_every_record_is_sorted_on_disk(tmp_pat
     assert replay(log_dir, progress=False)[0].pending == 0
 
 
+@pytest.mark.slow
 def test_descending_steps_with_the_default_thresholds(tmp_path):
     """Steps that go back at every record, beyond the default runs and one chunk in memory."""
     log_dir = tmp_path / "logs"
@@ -450,6 +451,7 @@ def test_a_seqset_holds_numbers_as_ranges():
 # ---- killed part-way, run again ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_replay_killed_part_way_through_a_merge_converges_to_exactly_once(tmp_path):
     """Runs merged with records sorted on disk, the replay SIGKILLed while it writes, then run
     again (with the same thresholds): every step once, in step order."""

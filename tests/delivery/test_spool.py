@@ -16,7 +16,14 @@ import pytest
 
 from otel_rl import Logger
 from otel_rl.cli.replay import replay
-from otel_rl.delivery.spool import read_acks, spool_root, undelivered
+from otel_rl.delivery.spool import (
+    handoff_dir,
+    read_acks,
+    spool_dirs,
+    spool_root,
+    spools_of_run,
+    undelivered,
+)
 from otel_rl.exporters.base import TrackerExporter
 from testkit.readers import jsonl_rows, tensorboard_scalars
 
@@ -186,3 +193,20 @@ def test_spool_layout_and_meta(tmp_path):
     assert meta["tracker"] == "jsonl" and meta["run_id"] == "r1" and meta["exit_code"] == 0
     assert meta["config"]["wandb"]["api_key"] == "***REDACTED***"
     assert read_acks(directory).upto == 1
+
+
+def test_the_spools_of_a_run_pass_the_handoff_folder_by(tmp_path):
+    """The delivery process's ``.handoff`` folder sits beside the trackers' spools and comes and
+    goes while a relaunch lists them: it is never taken for a spool. A spool whose metadata is
+    lost (segments only) is still listed, for replay to report."""
+    log_dir = tmp_path / "logs"
+    with Logger({"log_dir": str(log_dir), "run_id": "r1"}) as logger:
+        logger.log_metrics({"x": 1}, step=0)
+    stray = handoff_dir(log_dir) / "jsonl"
+    stray.mkdir(parents=True)
+    (stray / "meta.json").write_text(json.dumps({"run_id": "r1", "tracker": "jsonl"}))
+    orphan = spool_root(log_dir) / "tensorboard" / "r0"
+    orphan.mkdir(parents=True)
+    (orphan / "wal-00000001.jsonl").write_text("")
+    assert spools_of_run(log_dir, "r1") == [spool_root(log_dir) / "jsonl" / "r1"]
+    assert spool_dirs(log_dir) == [spool_root(log_dir) / "jsonl" / "r1", orphan]

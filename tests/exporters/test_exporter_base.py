@@ -37,6 +37,7 @@ class FlakyTracker(TrackerExporter):
         self.closed_with = exit_code
 
 
+@pytest.mark.slow
 def test_backend_down_for_3s_then_recovers(log_dir, otel_rl_warnings):
     tracker = FlakyTracker(fail_for=3.0, retry_max_backoff=0.5)
     logger = Logger({"log_dir": str(log_dir), "jsonl_enabled": False}, exporters=[tracker])

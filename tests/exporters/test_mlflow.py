@@ -261,13 +261,21 @@ def test_changed_param_on_resume_is_refused_alone(mlflow_server, log_dir, otel_r
     resumed = config(mlflow_server, log_dir, run_id=run_id)
     with Logger(resumed) as logger:
         # MLflow params are immutable: "lr" is refused, "epochs" (new) must still arrive.
-        logger.log_hyperparams({"lr": 0.2, "epochs": 3})
+        logger.log_hyperparams({"lr": 0.2, "seed": 2, "epochs": 3})
+        logger.log_metrics({"loss": 0.5}, step=0)
         exporter = mlflow_of(logger)
 
-    params = client_of(mlflow_server.url).get_run(run_id).data.params
-    assert params == {"lr": "0.1", "seed": "1", "epochs": "3"}
-    assert exporter.stats["rejected"] == 1
-    assert any("refused param 'lr'" in r.getMessage() for r in otel_rl_warnings.records)
+    run = client_of(mlflow_server.url).get_run(run_id)
+    assert run.data.params == {"lr": "0.1", "seed": "1", "epochs": "3"}
+    assert run.data.metrics["loss"] == 0.5
+    # Two values of one record refused: the values are counted, the record is delivered (it
+    # is not set aside, and the delivered count never goes below what arrived).
+    stats = exporter.stats
+    assert (stats["refused_values"], stats["rejected"]) == (2, 0)
+    assert stats["delivered"] == stats["submitted"] >= 2
+    said = [r.getMessage() for r in otel_rl_warnings.records]
+    assert any("refused param 'lr'" in m for m in said)
+    assert any("refused param 'seed'" in m for m in said)
 
 
 # ---- artifacts -------------------------------------------------------------------------------

@@ -5,6 +5,10 @@ with one run id, the second resumed), SwanLab's offline folders (one id), Tracki
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,7 @@ from testkit.tracker_readers import (
     read_trackio,
     read_wandb,
     swanlab_run_dirs,
+    wandb_folder_run_id,
     wandb_run_dirs,
 )
 
@@ -133,3 +138,57 @@ def test_a_rewind_given_by_hand_wins_over_the_relaunch_resume(offline_trackers, 
     finally:
         exporter.close(0)
         exporter.shutdown()
+
+
+_KILLED_IN_INIT = """
+import sys, time
+from otel_rl import Logger
+logger = Logger({"log_dir": sys.argv[1], "run_id": "grpo-job-7", "jsonl_enabled": False,
+                 "wandb_enabled": True, "wandb": {"project": sys.argv[2]}})
+logger.log_metrics({"loss": 1.0}, step=0)
+logger.log_metrics({"loss": 1.5}, step=1)  # seals step 0: W&B starts its run to take it
+time.sleep(600)  # killed long before
+"""
+
+
+@pytest.mark.slow
+def test_a_launch_killed_while_wandb_starts_its_run_is_continued_under_that_run_id(
+    offline_trackers, tmp_path
+):
+    """SIGKILLed while ``wandb.init`` is still starting the run (its offline folder exists, no
+    run record is written yet): the relaunch continues that run id, and the steps the killed
+    launch logged reach the run through the relaunch's delivery of its spool."""
+    log_dir = tmp_path / "logs"
+    project = f"otel-rl-resume-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    first = subprocess.Popen([sys.executable, "-c", _KILLED_IN_INIT, str(log_dir), project],
+                             env=env, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list((log_dir / "wandb").glob("offline-run-*")):
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.005)
+    finally:
+        first.kill()
+        first.wait(30)
+    (killed_in_init,) = wandb_run_dirs(log_dir)
+    assert not _wandb_records(killed_in_init)  # killed before W&B wrote its run
+    with Logger({**_launch(log_dir, project), "swanlab_enabled": False,
+                 "trackio_enabled": False}) as relaunch:  # fmt: skip
+        assert relaunch.history.attempt == 2
+        relaunch.log_metrics({"loss": 2.0}, step=2)
+    folders = wandb_run_dirs(log_dir)
+    assert {wandb_folder_run_id(folder) for folder in folders} == {
+        wandb_folder_run_id(killed_in_init)
+    }
+    parts = [read_wandb(folder) for folder in folders if _wandb_records(folder)]
+    assert {part.run_id for part in parts} == {wandb_folder_run_id(killed_in_init)}
+    rows = sorted(row for part in parts for row in part.series("loss"))
+    # Step 1 was still being logged at the kill: it arrives only if a checkpoint of it reached
+    # the spool first (one is taken every export.fsync_interval; the kill may come sooner).
+    assert rows in ([(0, 1.0), (2, 2.0)], [(0, 1.0), (1, 1.5), (2, 2.0)])
+
+
+def _wandb_records(folder: Path) -> bool:
+    """Whether W&B wrote a run into ``folder`` (its ``.wandb`` log holds more than its header)."""
+    return any(log.stat().st_size > 7 for log in folder.glob("*.wandb"))

@@ -195,6 +195,7 @@ def _kill_at_random_moments(tmp_path: Path, seed: int, runs: int) -> dict[str, i
     return totals
 
 
+@pytest.mark.slow
 def test_sigterm_and_sigint_at_random_moments_of_a_tight_loop(tmp_path):
     totals = _kill_at_random_moments(tmp_path, seed=12, runs=4)
     assert totals["received"] == totals["raised"] == 4

@@ -7,8 +7,8 @@ A block is one of three kinds, told by the line right above its fence:
 
 - no marker: it runs. What it needs that a reader would start themselves (an OTLP collector, an
   inference server) is started here, its address given through the environment variable the
-  block reads with a documented default. Blocks that need Ray start a local cluster and are
-  ``slow``;
+  block reads with a documented default. Each starts an interpreter of its own (a Ray cluster,
+  a trainer), so the blocks that run are ``slow``: the inner loop leaves them to CI;
 - ``<!-- fragment: <reason> -->``: a piece of a larger program (a call in someone else's
   framework, a line that needs a package the page is about to build);
 - ``<!-- not-run: <reason> -->``: it needs what this machine cannot run (a GPU cluster, W&B
@@ -563,7 +563,7 @@ def _clean_env() -> dict[str, str]:
 
 @pytest.mark.parametrize(
     "block",
-    [pytest.param(b, marks=[pytest.mark.slow] if b.needs_ray else []) for b in ALL_BLOCKS],
+    [pytest.param(b, marks=[pytest.mark.slow] if b.kind == "run" else []) for b in ALL_BLOCKS],
     ids=[b.id for b in ALL_BLOCKS],
 )
 def test_block_runs_as_written(block: Block, tmp_path: Path) -> None:

@@ -74,3 +74,19 @@ def test_benchmarks_and_the_test_kit_never_import_the_tests(folder):
         if imported == "tests" or imported.startswith("tests.")
     ]
     assert found == []
+
+
+#: The most lines a class of ``delivery/`` may hold: a reader holds one part of the delivery at
+#: a time (the queue, the spool feeder, the tracker worker, each end of the delivery process).
+DELIVERY_CLASS_LINES = 300
+
+
+def test_no_class_of_the_delivery_layer_is_over_300_lines():
+    large = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+        for path in sorted((ROOT / "otel_rl" / "delivery").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        and (node.end_lineno or node.lineno) - node.lineno + 1 > DELIVERY_CLASS_LINES
+    ]
+    assert large == []

@@ -416,6 +416,7 @@ def nemo_grpo_tree(validate: bool, save: bool) -> tuple:
     )),))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_nemo_rl_recipe(workdir, collector, gpu_node, ray_engine, monkeypatch):
     from otel_rl.compat.nemo_rl import Logger, Timer
     from testkit.tracker_readers import read_wandb, wandb_run_dirs
@@ -626,6 +627,7 @@ def vllm_server() -> Iterator[PageServer]:
     server.close()
 
 
+@pytest.mark.slow
 def test_verl_recipe(workdir, collector, gpu_node, vllm_server, mlflow_server, monkeypatch):
     from mlflow import MlflowClient
 

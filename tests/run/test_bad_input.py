@@ -52,6 +52,7 @@ values = st.recursive(
 steps = st.one_of(st.none(), st.integers(min_value=-5, max_value=50), st.text(max_size=3))
 
 
+@pytest.mark.slow
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -210,6 +210,7 @@ def _faultfile_script(tmp_path: Path, control: Path, shutdown_timeout: float, bo
     """) + textwrap.dedent(body)
 
 
+@pytest.mark.slow
 def test_finish_keeps_its_deadline_when_a_tracker_hangs_there_and_replay_delivers_the_rest(
     tmp_path,
 ):
@@ -243,6 +244,7 @@ def test_finish_keeps_its_deadline_when_a_tracker_hangs_there_and_replay_deliver
     assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(30)]
 
 
+@pytest.mark.slow
 def test_a_delivery_process_killed_at_the_deadline_says_what_each_spool_keeps_for_replay(
     tmp_path,
 ):
@@ -288,6 +290,7 @@ def test_a_delivery_process_killed_at_the_deadline_says_what_each_spool_keeps_fo
     assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(30)]
 
 
+@pytest.mark.slow
 def test_a_replay_right_after_a_kill_waits_for_the_delivery_process_still_delivering(
     tmp_path,
 ):
@@ -678,6 +681,7 @@ def test_without_a_handoff_file_a_stopped_delivery_process_holds_one_call_at_mos
     assert set(lost) == {"queue_full"} and len(steps) + lost["queue_full"] == 3001
 
 
+@pytest.mark.slow
 def test_records_still_in_the_pipe_when_finish_gives_up_wait_for_replay(tmp_path, caplog):
     """The frames the pipe took and the stopped delivery process never read were kept here:
     at the deadline they go to the leftover file, and replay delivers them once."""
@@ -701,6 +705,7 @@ def test_records_still_in_the_pipe_when_finish_gives_up_wait_for_replay(tmp_path
     assert _handoff_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_handoff_file_that_fills_its_disk_loses_nothing_uncounted_and_sends_nothing_twice(
     tmp_path,
 ):
@@ -742,6 +747,7 @@ def test_a_handoff_file_that_fills_its_disk_loses_nothing_uncounted_and_sends_no
     assert set(lost) <= {"queue_full"}
 
 
+@pytest.mark.slow
 def test_frames_in_handoff_files_when_finish_gives_up_wait_for_replay(tmp_path, caplog):
     """``finish()`` keeps its deadline while the delivery process is stopped with frames in
     handoff files: it is killed, the files stay, and replay delivers every step once."""

@@ -248,6 +248,7 @@ def _run(max_examples: int, steps: int) -> None:
     )
 
 
+@pytest.mark.slow
 def test_logger_delivers_exactly_the_model(caplog):
     caplog.set_level(logging.ERROR, logger="otel_rl")  # outages warn by design; keep reports short
     _run(max_examples=60, steps=40)

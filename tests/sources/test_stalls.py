@@ -29,6 +29,7 @@ def _gauge(url: str, name: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
+@pytest.mark.slow
 def test_a_run_blocked_inside_a_timer_is_reported_with_the_timer_and_the_line(tmp_path):
     receiver = OtlpHttpReceiver()
     log_dir = tmp_path / "logs"
@@ -258,6 +259,7 @@ def test_a_blocked_ray_actor_appears_with_its_stack(tmp_path, ray_with_dashboard
     assert "Rollout" in reports[0].with_suffix(".txt").read_text()
 
 
+@pytest.mark.slow
 def test_the_demo_makes_a_stall_on_purpose_and_says_where_its_report_is(tmp_path):
     import subprocess
     import sys
@@ -280,6 +282,7 @@ def test_the_demo_makes_a_stall_on_purpose_and_says_where_its_report_is(tmp_path
     assert len(stalled) == 1 and stalled[0][0] == 5 and stalled[0][1] >= 3
 
 
+@pytest.mark.slow
 def test_the_report_in_the_docs_is_what_the_demo_writes(tmp_path):
     """docs/stalls.md pastes a report of ``otel-rl demo --stall``: its sections and its lines
     about the demo's stall are the ones the demo writes today."""
@@ -303,6 +306,7 @@ def test_the_report_in_the_docs_is_what_the_demo_writes(tmp_path):
         assert line in real and line in pasted
 
 
+@pytest.mark.slow
 def test_a_stall_with_the_collector_down_adds_no_otlp_line_of_its_own(tmp_path):
     """The stall's OTLP log record fails like the metrics do: the one warning about the
     collector covers both (no SDK line per failed export)."""

@@ -229,6 +229,7 @@ def test_a_driver_waiting_on_a_queue_is_told_with_the_queue(tmp_path):
     assert verdict["chain"][0]["waits_on"] == "Queue.get (0 items queued)"
 
 
+@pytest.mark.slow
 def test_a_queue_whose_own_size_blocks_costs_the_verdict_its_count_never_the_next_stall(tmp_path):
     """The application's queue class answers ``qsize()`` from a service that does not answer:
     the verdict leaves the count out (only the standard library's own is asked), and the

@@ -1,0 +1,290 @@
+"""The delivery process's life as the training process sees it: started (its trackers' spools
+taken, or the reason they cannot be), told the run's end and deadline, killed a second after
+it, and when it is gone before the end of the run, what it may not have spooled written to the
+launch's leftover file for ``otel-rl replay`` (``otel_rl/delivery/intake.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from operator import itemgetter
+from typing import Any
+
+from otel_rl.core.errors import ConfigError
+from otel_rl.core.failures import losses
+from otel_rl.delivery import link_messages as say
+from otel_rl.delivery.frames import encode_frame
+from otel_rl.delivery.intake import Launch
+from otel_rl.delivery.link_backlog import Backlog, Numbered
+from otel_rl.delivery.link_state import LinkState
+from otel_rl.delivery.link_status import StatusReader
+from otel_rl.delivery.link_writer import FrameWriter, widen_pipe
+from otel_rl.delivery.spool import last_seq, waiting_records
+from otel_rl.process.cores import spare_cores, thread_cores
+from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
+
+__all__ = ["CHILD_GRACE", "DeliveryChild"]
+
+#: How long after the run's deadline the delivery process still waits for its trackers: past a
+#: channel's CLOSE_GRACE (its trackers' last words), short of SHUTDOWN_GRACE (its report here).
+CHILD_GRACE = 0.7 * SHUTDOWN_GRACE
+
+
+class DeliveryChild:
+    """One delivery process: its start, its end, and what is left when it is gone."""
+
+    def __init__(
+        self, argv: Sequence[str], settings: Mapping[str, Any], state: LinkState,
+        backlog: Backlog, writer: FrameWriter, status: StatusReader,
+    ) -> None:  # fmt: skip
+        self._argv = list(argv)
+        self._state, self._backlog, self._writer, self._status = state, backlog, writer, status
+        self.process: subprocess.Popen[bytes] | None = None
+        self._handoff_dir = handoff_dir = writer.handoff_dir
+        self._settings = dict(settings)
+        self._settings["handoff_dir"] = None if handoff_dir is None else str(handoff_dir)
+        # Record frames are numbered in the order of the stream; the child spools them under
+        # this launch's token, by which replay knows which of the leftover frames it holds.
+        self._token = os.urandom(6).hex()
+        self._settings["launch"] = self._token
+        self._launch: Launch | None = None
+        self._spooled_from: dict[str, int] = {}  # each spool's last record before the run
+
+    def start(self, timeout: float) -> None:
+        """Start the child and wait until its trackers are started (their spools taken);
+        raise :class:`ConfigError` with the child's reason when they cannot be."""
+        state, status = self._state, self._status
+        # The delivery process keeps off the caller's (the training thread's) core, and so do
+        # this end's threads where that leaves them two cores or more: otel_rl/process/cores.py.
+        cores = spare_cores()
+        self._settings["cores"] = None if cores is None else sorted(cores)
+        own_cores = thread_cores(cores)
+        records_r, records_w = os.pipe()
+        status_r, status_w = os.pipe()
+        widen_pipe(records_w)
+        try:
+            self.process = subprocess.Popen(
+                [*self._argv, str(records_r), str(status_w)],
+                pass_fds=(records_r, status_w),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's Ctrl-C is the training process's to handle
+            )
+        finally:
+            os.close(records_r)
+            os.close(status_w)
+        self._writer.attach(records_w)
+        status.start(status_r, own_cores, on_end=self._gone)
+        self._writer.start(encode_frame("hello", self._settings), own_cores)
+        if not status.started.wait(timeout) or status.start_error is not None:
+            reason = status.start_error or say.not_started_in(timeout)
+            state.killed = True  # no run was started: its end is no news
+            self.kill()
+            # A Logger() that raises leaves nothing running: the status thread hears the end
+            # and tells the pusher, which then ends.
+            status.finished.wait(CHILD_GRACE)
+            self._writer.join(CHILD_GRACE)
+            self._writer.close()  # finish() closes the pipe only for a child that started
+            if status.config_error:  # the same error as with the trackers in this process
+                raise ConfigError(reason)
+            raise ConfigError(say.start_failed(reason))
+        # No record was sent yet: what each spool holds from here on came from this run.
+        self._spooled_from = {
+            name: last_seq(folder)
+            for name, folder in status.spool_dirs.items()
+            if folder is not None
+        }  # fmt: skip
+        if self._handoff_dir is not None:
+            try:
+                self._launch = Launch(self._handoff_dir, self._token, status.spool_dirs)
+            except OSError as exc:  # the handoff files fail the same way: said there
+                say.say_no_handoff_folder(exc)
+
+    def finish(self, deadline: Deadline, exit_code: int) -> None:
+        """Tell the child the run ended with ``exit_code``; it delivers what it can by
+        ``deadline`` and closes the trackers. Killed if still there a second later."""
+        state, status = self._state, self._status
+        with state.cond:
+            if state.ended:
+                first = False
+            else:
+                first, state.ended = True, True
+                state.cond.notify_all()
+        if first and not state.dead:
+            # The records go first. What this process still holds at the deadline never reached
+            # the child: it goes to the leftover file once the child is stopped; the child,
+            # without the end frame, closes the run as killed once it has read the rest.
+            self._backlog.send_control(encode_frame("end", exit_code, deadline.left()), deadline)
+            with state.cond:
+                state.dead = True  # the pusher stops within its poll: then the pipe can close
+                state.cond.notify_all()
+                while self._backlog.pushing:
+                    state.cond.wait(0.05)
+            self._writer.close_handoff()  # a file never named in the pipe: read at EOF
+            self._writer.close()
+        # The child gives up CHILD_GRACE after the deadline; a little after that, it is killed
+        # here and what it never spooled goes to the leftover file, within the run's grace second.
+        finished = status.finished.wait(deadline.left() + CHILD_GRACE + 0.1)
+        if not first:
+            return
+        if not finished and self.process is not None and self.process.poll() is None:
+            state.killed = True
+            self.kill()
+            status.finished.wait(0.1)  # the status thread has read the last report
+            kept = self._orphan()
+            say.say_killed_at_deadline(state.names, kept)
+            self._left_in_spools()
+            for name in state.names:
+                left = status.remote_undelivered.get(name, 0) + state.in_files[name]
+                if left:
+                    say.say_left_at_deadline(
+                        name, left, state.in_files[name], self._settings["cfg"],
+                        status.spool_dirs[name], self._writer.handoff_dir,
+                    )  # fmt: skip
+        elif state.orphaned:  # the child died during the run: the records since then wait too
+            self._left_in_spools()
+        if self._launch is not None:
+            self._launch.release()
+        for name in state.names:
+            lost = losses(state.local_stats[name])
+            if lost:
+                say.say_lost_on_the_way(name, lost)
+        status.wait_said(deadline.at + 0.95 * SHUTDOWN_GRACE)
+
+    def _gone(self) -> None:
+        """The status pipe ended: the child exited (or was killed). Before it started, that is
+        why it did not; during the run, what it had not spooled goes to the leftover file."""
+        state, status = self._state, self._status
+        code = self.process.wait() if self.process is not None else None
+        with state.cond:
+            was_ended = state.ended
+            state.dead = True
+            # Records sent from now on wait for _orphan() to have written the leftover file.
+            state.orphaning = (
+                status.started.is_set() and not state.killed and status.start_error is None
+            )
+            state.cond.notify_all()
+        if not status.started.is_set():
+            status.start_error = status.start_error or say.exited_before_starting(code)
+            status.started.set()
+        elif (
+            not state.killed and status.start_error is None  # a start refused is no early exit
+            and (not was_ended or not status.finished.is_set())
+        ):  # fmt: skip
+            kept = self._orphan()
+            self._left_in_spools()
+            unspooled = 0 if kept else sum(self._unspooled(name) for name in state.names)
+            say.say_exited_early(code, state.names, kept, self._writer.handoff_dir, unspooled)
+
+    def _orphan(self) -> bool:
+        """The child is gone before the end of the run (killed here, or died): what it may not
+        have spooled (the frames the pipe took that it had not said were spooled, those never
+        sent) goes to the launch's leftover file, and so does every record sent from now on:
+        ``otel-rl replay`` spools them with the handoff files, each once. Counted per tracker
+        from the spools themselves (what was handed over, less what each spool gained since
+        the start; checkpoints count on both sides): as waiting in files, or, without a
+        leftover file (no spool, or it cannot be written), as lost. True when it was written."""
+        state = self._state
+        with state.cond:
+            state.dead = state.orphaning = True
+            state.cond.notify_all()
+            while self._backlog.pushing:  # the pusher stops within its poll; then no file grows
+                state.cond.wait(0.05)
+            if state.orphaned or state.unread_lost:
+                state.orphaning = False
+                return state.orphaned
+            left = self._backlog.take_unspooled_locked()
+        self._writer.close_handoff()
+        left.sort(key=itemgetter(0))
+        kept = self._launch is not None and self._launch.keep(entry[1] for entry in left)
+        unread = {name: self._unspooled(name) for name in state.names}  # reads files: unlocked
+        with state.cond:
+            for name, count in unread.items():
+                if kept:
+                    state.in_files[name] += count
+                else:
+                    state.count("delivery_process", (name,), count)
+            state.orphaned = kept
+            state.unread_lost = not kept
+            state.orphaning = False
+            state.cond.notify_all()
+        return kept
+
+    def keep_in_file(self, entries: list[Numbered]) -> None:
+        """Records sent once the child is gone: to the leftover file (or counted lost)."""
+        assert self._launch is not None
+        state = self._state
+        kept = self._launch.keep(entry[1] for entry in entries)
+        for _, _, names in entries:
+            for name in names:
+                if kept:
+                    state.in_files[name] += 1
+                else:
+                    state.handed[name] -= 1
+                    state.count("delivery_process", (name,))
+
+    def _left_in_spools(self) -> dict[str, int]:
+        """The child ended without saying what it left (killed, or died): each spooled
+        tracker's records not marked done, read from its spool (its marks and the end of its
+        last segment), known from then on as the tracker's ``undelivered``. Returns those
+        with records left."""
+        status = self._status
+        left: dict[str, int] = {}
+        for name, folder in status.spool_dirs.items():
+            if folder is None or name in status.remote_undelivered:
+                continue
+            with contextlib.suppress(OSError):
+                left[name] = waiting = waiting_records(folder)
+                if name in self._spooled_from:
+                    # The child's last report is up to a quarter second old; what it marked done
+                    # since is in the spool too (a checkpoint is spooled, never delivered).
+                    spooled = last_seq(folder) - self._spooled_from[name]
+                    done = spooled - self._state.checkpoints_sent[name] - waiting
+                    stats = status.remote_stats[name]
+                    stats["delivered"] = max(stats.get("delivered", 0), done)
+        status.remote_undelivered.update(left)
+        return {name: count for name, count in left.items() if count}
+
+    def _unspooled(self, name: str) -> int:
+        state = self._state
+        remote = self._status.remote_stats[name]
+        refused = sum(losses(remote).values())  # counted by the child already, never spooled
+        folder = self._status.spool_dirs.get(name)
+        if folder is None or name not in self._spooled_from:
+            return max(0, state.handed[name] - remote.get("delivered", 0) - refused)
+        spooled = last_seq(folder) - self._spooled_from[name]
+        return max(0, state.handed[name] + state.checkpoints_sent[name] - spooled - refused)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.process.send_signal(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(0.1)
+
+    def abandon_after_fork(self) -> None:
+        """In a fork child: close this process's copies of the pipes (the child then sees the
+        end of the records when the training process ends) and forget the parent's process."""
+        if self.process is None:
+            return  # abandoned already (the link is shared by every tracker it delivers)
+        state = self._state
+        state.dead = state.ended = True
+        state.renew_lock()
+        self._backlog.entries.clear()
+        self._backlog.kept.clear()
+        self.process = None
+        # The launch's lock and leftover file are the parent's: a copy held here would keep
+        # ``otel-rl replay`` off them while this child lives.
+        held = self._launch.open_fds() if self._launch is not None else []
+        self._launch = None
+        # dup2, not close: the status file object closes its descriptor again when collected,
+        # and a closed number may by then belong to another file of the child.
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            for fd in (self._writer.out, self._status.fileno(), *held):
+                with contextlib.suppress(OSError):
+                    os.dup2(null, fd)
+        finally:
+            os.close(null)

@@ -1,0 +1,120 @@
+"""What a tracker's channel tells the user about its end: records left undelivered, a tracker
+stopped by a permanent error, one left behind in its SDK, records lost for good.
+
+Each message is a function of plain values, so that the words are written once: the channel
+says them at its shutdown, and the training process says the same for a delivery process killed
+before its trackers could (``service_link.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from otel_rl.core.failures import Failure, describe_losses
+from otel_rl.process.deadline import SHUTDOWN_GRACE
+
+__all__ = [
+    "CLOSE_GRACE", "left_behind_message", "lost_message", "replay_hint", "stopped_message",
+    "undelivered_message",
+]  # fmt: skip
+
+#: Seconds past the shutdown deadline for the spool to take what it was handed and for the
+#: tracker to close: half the run's grace, so that a tracker left behind is named here, with what
+#: it means, and the process still exits within ``shutdown_timeout`` + the grace (the other half
+#: is the interpreter's own exit, measured at 0.1-0.3 s on a busy 2-core machine).
+CLOSE_GRACE = 0.5 * SHUTDOWN_GRACE
+
+
+def replay_hint(spool_dir: object, log_dir: object) -> str:
+    """The end of a message about records left in a spool: where, and the command."""
+    return f" They are in the spool ({spool_dir}); deliver them with: otel-rl replay {log_dir}"
+
+
+def stopped_message(name: str, failure: Failure, spool_dir: Path | None) -> str:
+    """A tracker stopped by a permanent error: the cause, and where its records wait."""
+    where = (
+        f"; its records stay in the spool ({spool_dir}) for `otel-rl replay` once fixed"
+        if spool_dir is not None else ""
+    )  # fmt: skip
+    return f"{name} stopped: {failure.describe()}{where}"
+
+
+def left_behind_message(name: str) -> str:
+    """A worker still inside the tracker's SDK after the shutdown deadline and its grace."""
+    return (
+        f"{name}: the tracker's SDK has not returned from a write or its close {CLOSE_GRACE:g} s "
+        "after export.shutdown_timeout; it is left behind (the records it had not acknowledged "
+        "stay in the spool)"
+    )
+
+
+def lost_message(name: str, lost: dict[str, int]) -> str:
+    """Records lost for good in this run, by reason (``core/failures.py``)."""
+    return (
+        f"{name}: {sum(lost.values())} record(s) lost for good in this run: "
+        f"{describe_losses(lost)} (docs/reliability.md, Losses)"
+    )
+
+
+def undelivered_message(
+    name: str,
+    *,
+    left: int,
+    checkpoints: int,
+    timeout: float,
+    run_timeout: float | None,
+    failure: Failure | None,
+    last_error: Failure | None,
+    spool_dir: Path | None,
+    log_dir: object,
+) -> str:
+    """Records left at the end: how many, why, how to wait less, and how to deliver them.
+
+    ``left`` counts the checkpoints of the step still being logged at the end (``checkpoints``
+    of them). The deadline is ``run_timeout`` (the run's ``export.shutdown_timeout``) when set,
+    else ``timeout``, the one given to the exporter's own ``shutdown()``: OpenTelemetry's unit,
+    milliseconds, is the one the message speaks in then."""
+    given = run_timeout is None
+    if run_timeout is not None:
+        timeout = run_timeout
+    error = failure or last_error
+    sealed = left - checkpoints
+    if not sealed:
+        text = (
+            f"{name}: the step still being logged when the run ended was checkpointed "
+            f"({checkpoints} checkpoint(s)); no other record is undelivered."
+        )
+    elif failure is not None:
+        text = (
+            f"{name}: {sealed} record(s) not delivered: the tracker stopped on "
+            f"{failure.describe()}."
+        )
+    elif given:
+        text = (
+            f"{name}: {sealed} record(s) not delivered within the {timeout * 1000:g} ms "
+            "given to shutdown() (timeout_millis, or the SDK's timeout keyword: milliseconds, "
+            f"as OpenTelemetry's exporters take them; {CLOSE_GRACE:g} s more let the tracker "
+            "end its write and close"
+        )
+        if error is not None:
+            text += f"; last error: {error.describe()}"
+        text += ")."
+    else:
+        text = (
+            f"{name}: {sealed} record(s) not delivered before the shutdown timeout "
+            f"(export.shutdown_timeout: {timeout:g} s"
+        )
+        if error is not None:
+            text += f"; last error: {error.describe()}"
+        text += (
+            "; raise export.shutdown_timeout to deliver more before exit, lower it to wait "
+            "less)." if timeout > 0 else
+            ": finish() does not wait, so records in flight are counted here too)."
+        )  # fmt: skip
+    if sealed and checkpoints:
+        text += " The step still being logged when the run ended was checkpointed as well."
+    if spool_dir is not None:
+        text += replay_hint(spool_dir, log_dir)
+    else:
+        text += " There is no spool (export.spool: false): they are lost."
+    return text
