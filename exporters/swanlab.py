@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -50,13 +50,9 @@ class SwanLabExporter(SdkRunExporter):
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self._swanlab: Any = None
-        #: The steps each key was sent at (``pyroaring.BitMap64``, which SwanLab itself uses;
-        #: ``None`` when it is not installed: SwanLab's discards are then only warned about
-        #: as a step that repeats).
-        self._steps_of: dict[str, Any] | None = None
-        self._bitmap: Any = None
         #: Values not sent because SwanLab keeps the value their key already has at that step.
         self.refused_repeats: dict[str, int] = {}
+        self._held = StepsHeld(self.refused_repeats)
         super().__init__(init_kwargs, **kwargs)
 
     @classmethod
@@ -73,13 +69,7 @@ class SwanLabExporter(SdkRunExporter):
         import swanlab
 
         self._swanlab = swanlab
-        try:
-            from pyroaring import BitMap64  # SwanLab's own dependency since 0.7
-
-            self._bitmap = BitMap64
-            self._steps_of = {}
-        except ImportError:
-            self._steps_of = None
+        self._held = StepsHeld(self.refused_repeats, follow=True)
         kwargs = dict(self.init_kwargs)
         # SwanLab before 0.7 called the directory ``logdir``.
         accepted = inspect.signature(swanlab.init).parameters
@@ -153,27 +143,7 @@ class SwanLabExporter(SdkRunExporter):
     # ---- helpers -----------------------------------------------------------------------------
 
     def _log(self, data: dict[str, Any], step: int) -> None:
-        # SwanLab refuses a negative step itself (a bitmap holds none): those are not followed.
-        steps_of = self._steps_of if step >= 0 else None
-        if steps_of is not None:
-            repeated = [key for key in data if key in steps_of and step in steps_of[key]]
-            if repeated:
-                self._report_repeats(repeated, step)
-                data = {k: v for k, v in data.items() if k not in repeated}
-                if not data:
-                    return
-        with self.refused_content():
-            self.run.log(data, step=step)
-        if steps_of is not None:  # after the SDK took them: a retried row is sent whole
-            for key in data:
-                if key not in steps_of:
-                    steps_of[key] = self._bitmap()
-                steps_of[key].add(step)
-
-    def _report_repeats(self, keys: list[str], step: int) -> None:
-        new = [key for key in keys if key not in self.refused_repeats]
-        for key in keys:
-            self.refused_repeats[key] = self.refused_repeats.get(key, 0) + 1
+        data, new = self._held.split(data, step)
         if new:
             _log.warning(
                 "otel-rl: %s: %s at step %d not sent: SwanLab keeps the first value of a key at "
@@ -181,6 +151,55 @@ class SwanLabExporter(SdkRunExporter):
                 "repeats of these keys are counted in the exporter's refused_repeats",
                 self.name, ", ".join(repr(key) for key in new), step,
             )  # fmt: skip
+        if not data:
+            return
+        with self.refused_content():
+            self.run.log(data, step=step)
+        self._held.add(data, step)  # after the SDK took them: a retried row is sent whole
+
+
+class StepsHeld:
+    """The steps each key has a value at in one SwanLab run. SwanLab keeps the first value of a
+    key at a step and discards later ones without an error: :meth:`split` holds those back and
+    counts them by key in ``counts`` (the caller's, which it names to users). Followed with
+    ``pyroaring.BitMap64`` per key, SwanLab's own dependency since 0.7; without it (or before
+    ``follow``), nothing is held back."""
+
+    def __init__(self, counts: dict[str, int], follow: bool = False) -> None:
+        self.counts = counts
+        self._steps_of: dict[str, Any] | None = None
+        if follow:
+            try:
+                from pyroaring import BitMap64
+            except ImportError:
+                return
+            self._bitmap = BitMap64
+            self._steps_of = {}
+
+    def split(self, data: dict[str, Any], step: int) -> tuple[dict[str, Any], list[str]]:
+        """``data`` without the keys that have a value at ``step`` already, and those of them
+        never held back before (to be named once)."""
+        steps_of = self._steps_of
+        if steps_of is None or step < 0:  # SwanLab refuses a negative step itself
+            return data, []
+        repeated = [key for key in data if key in steps_of and step in steps_of[key]]
+        if not repeated:
+            return data, []
+        new = [key for key in repeated if key not in self.counts]
+        for key in repeated:
+            self.counts[key] = self.counts.get(key, 0) + 1
+        return {k: v for k, v in data.items() if k not in repeated}, new
+
+    def add(self, keys: Iterable[str], step: int) -> None:
+        """``keys`` have a value at ``step`` now (SwanLab took them)."""
+        steps_of = self._steps_of
+        if steps_of is None or step < 0:
+            return
+        for key in keys:
+            held = steps_of.get(key)
+            if held is None:
+                held = steps_of[key] = self._bitmap()
+            held.add(step)
 
 
 def _summary(value: HistogramValue) -> dict[str, float]:

@@ -288,18 +288,12 @@ class SwanlabLogger(LoggerInterface):
     """A SwanLab run from ``swanlab.init(**cfg, logdir=log_dir)``."""
 
     def __init__(self, cfg: Mapping[str, Any], log_dir: str | None = None) -> None:
-        self.run = sdk("swanlab").init(**cfg, logdir=log_dir)
-        #: The steps each key was logged at, as SwanLab keeps them (``pyroaring.BitMap64``, its
-        #: own dependency; ``None`` without it): SwanLab keeps the first value of a key at a
-        #: step and discards later ones without an error.
-        self._steps_of: dict[str, Any] | None = None
-        with contextlib.suppress(ImportError):
-            from pyroaring import BitMap64
+        from otel_rl.exporters.swanlab import StepsHeld
 
-            self._bitmap: Any = BitMap64
-            self._steps_of = {}
+        self.run = sdk("swanlab").init(**cfg, logdir=log_dir)
         #: Values not sent because their key already has a value at that step, by key.
         self.late_values: dict[str, int] = {}
+        self._held = StepsHeld(self.late_values, follow=True)
         print(
             f"Initialized SwanlabLogger for project {cfg.get('project')}, run {cfg.get('name')} "
             f"(with offline logdir={log_dir})"
@@ -325,29 +319,18 @@ class SwanlabLogger(LoggerInterface):
         """``run.log(data, step=step)`` without the values SwanLab would discard (their key has
         a value at ``step`` already): those are reported by name and counted in
         :attr:`late_values`."""
-        steps_of = self._steps_of if step >= 0 else None
-        if steps_of is not None:
-            repeated = [key for key in data if key in steps_of and step in steps_of[key]]
-            if repeated:
-                new = [key for key in repeated if key not in self.late_values]
-                for key in repeated:
-                    self.late_values[key] = self.late_values.get(key, 0) + 1
-                if new:
-                    _log.warning(
-                        "otel-rl: SwanlabLogger: %s at step %d not logged: SwanLab keeps the "
-                        "first value of a key at a step and would discard it without an error; "
-                        "further repeats of these keys are counted in late_values",
-                        ", ".join(repr(key) for key in new), step,
-                    )  # fmt: skip
-                data = {k: v for k, v in data.items() if k not in repeated}
-                if not data:
-                    return
+        data, new = self._held.split(data, step)
+        if new:
+            _log.warning(
+                "otel-rl: SwanlabLogger: %s at step %d not logged: SwanLab keeps the first value "
+                "of a key at a step and would discard it without an error; further repeats of "
+                "these keys are counted in late_values",
+                ", ".join(repr(key) for key in new), step,
+            )  # fmt: skip
+        if not data:
+            return
         self.run.log(data, step=step)
-        if steps_of is not None:
-            for key in data:
-                if key not in steps_of:
-                    steps_of[key] = self._bitmap()
-                steps_of[key].add(step)
+        self._held.add(data, step)
 
     def log_histogram(self, histogram: list[Any], step: int, name: str) -> None:
         return None
