@@ -58,6 +58,12 @@ def wandb_folder_run_id(run_dir: Path) -> str:
     return match.group(1)
 
 
+def wandb_wrote_a_run(run_dir: Path) -> bool:
+    """Whether W&B wrote a run into ``run_dir`` (its ``.wandb`` log holds more than its header):
+    a launch killed while ``wandb.init`` ran leaves the folder without one."""
+    return any(log.stat().st_size > 7 for log in run_dir.glob("*.wandb"))
+
+
 def read_wandb(run_dir: Path) -> WandbRun:
     """Decode a run's ``.wandb`` log with ``wandb leet inspect --json``."""
     wandb_cli = Path(sys.executable).with_name("wandb")

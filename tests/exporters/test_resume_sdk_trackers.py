@@ -23,6 +23,7 @@ from testkit.tracker_readers import (
     swanlab_run_dirs,
     wandb_folder_run_id,
     wandb_run_dirs,
+    wandb_wrote_a_run,
 )
 
 for _module in ("wandb", "swanlab", "trackio"):
@@ -172,7 +173,7 @@ def test_a_launch_killed_while_wandb_starts_its_run_is_continued_under_that_run_
         first.kill()
         first.wait(30)
     (killed_in_init,) = wandb_run_dirs(log_dir)
-    assert not _wandb_records(killed_in_init)  # killed before W&B wrote its run
+    assert not wandb_wrote_a_run(killed_in_init)  # killed before W&B wrote its run
     with Logger({**_launch(log_dir, project), "swanlab_enabled": False,
                  "trackio_enabled": False}) as relaunch:  # fmt: skip
         assert relaunch.history.attempt == 2
@@ -181,14 +182,10 @@ def test_a_launch_killed_while_wandb_starts_its_run_is_continued_under_that_run_
     assert {wandb_folder_run_id(folder) for folder in folders} == {
         wandb_folder_run_id(killed_in_init)
     }
-    parts = [read_wandb(folder) for folder in folders if _wandb_records(folder)]
+    parts = [read_wandb(folder) for folder in folders if wandb_wrote_a_run(folder)]
     assert {part.run_id for part in parts} == {wandb_folder_run_id(killed_in_init)}
     rows = sorted(row for part in parts for row in part.series("loss"))
     # Step 1 was still being logged at the kill: it arrives only if a checkpoint of it reached
     # the spool first (one is taken every export.fsync_interval; the kill may come sooner).
     assert rows in ([(0, 1.0), (2, 2.0)], [(0, 1.0), (1, 1.5), (2, 2.0)])
 
-
-def _wandb_records(folder: Path) -> bool:
-    """Whether W&B wrote a run into ``folder`` (its ``.wandb`` log holds more than its header)."""
-    return any(log.stat().st_size > 7 for log in folder.glob("*.wandb"))

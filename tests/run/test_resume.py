@@ -25,7 +25,12 @@ from otel_rl.delivery.spool import spool_root, waiting_records
 from otel_rl.run.history import RUN_ID_ENV
 from testkit.readers import jsonl_rows, tensorboard_scalars
 from testkit.servers import start_mlflow_server, stop_mlflow_server
-from testkit.tracker_readers import read_wandb, wandb_folder_run_id, wandb_run_dirs
+from testkit.tracker_readers import (
+    read_wandb,
+    wandb_folder_run_id,
+    wandb_run_dirs,
+    wandb_wrote_a_run,
+)
 from testkit.waiting import wait_for
 
 
@@ -180,7 +185,7 @@ def test_a_run_killed_at_530_and_relaunched_from_501_has_one_history_in_every_tr
     # folder without records (docs/reliability.md): its id is still the run's.
     folders = wandb_run_dirs(log_dir)
     (run_id,) = {wandb_folder_run_id(folder) for folder in folders}
-    runs_read = [read_wandb(d) for d in folders]
+    runs_read = [read_wandb(d) for d in folders if wandb_wrote_a_run(d)]
     assert {r.run_id for r in runs_read} - {""} == {run_id}
     steps = {}
     for r in runs_read:
