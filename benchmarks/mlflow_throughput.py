@@ -38,14 +38,14 @@ def _batches(rows: int, keys: int, start: int) -> list[StepBatch]:
 
 def measure(cls: type[MlflowExporter], uri: str, rows: int, keys: int) -> dict[str, float]:
     exporter = cls(tracking_uri=uri, experiment_name=f"bench-{uuid.uuid4().hex[:8]}")
-    exporter.submit(_batches(1, keys, 0)[0])
+    exporter.delivery.submit(_batches(1, keys, 0)[0])
     exporter.force_flush(timeout_millis=120_000)
     batches = _batches(rows, keys, 1)
     for batch in batches:
         _ = batch.rows  # built on the exporter thread in real runs; not what is measured here
     t0 = time.perf_counter()
     for batch in batches:
-        exporter.submit(batch)
+        exporter.delivery.submit(batch)
     assert exporter.force_flush(timeout_millis=600_000), "not drained"
     elapsed = time.perf_counter() - t0
     exporter.shutdown()

@@ -286,7 +286,7 @@ def _todays_deliver(
 ) -> tuple[int, str | None]:
     from otel_rl.core.records import StepBatch
 
-    writer = exporter.writer()
+    writer = exporter.delivery.writer()
     deadline = time.monotonic() + 300
     backoff = 0.0
     position = 0
@@ -320,7 +320,7 @@ def _todays_deliver(
             time.sleep(backoff * random.uniform(0.5, 1.0))
     finally:
         writer.close(int(meta.get("exit_code", 137)))
-    return position - exporter.stats.get("rejected", 0), error
+    return position - exporter.delivery.stats.get("rejected", 0), error
 
 
 def todays_replay(log_dir: Path) -> list[dict[str, Any]]:

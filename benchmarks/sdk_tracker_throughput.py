@@ -56,19 +56,19 @@ def measure(name: str, rows: int, keys: int) -> dict[str, float]:
         exporter = _exporter(name, Path(tmp))
         warm = _batches(1, keys, 0)[0]
         t0 = time.perf_counter()
-        exporter.submit(warm)
+        exporter.delivery.submit(warm)
         exporter.force_flush(timeout_millis=120_000)
         opened = time.perf_counter() - t0
         batches = _batches(rows, keys, 1)
         t0 = time.perf_counter()
         for batch in batches:
-            exporter.submit(batch)
+            exporter.delivery.submit(batch)
         drained = exporter.force_flush(timeout_millis=600_000)
         worker = time.perf_counter() - t0
         t1 = time.perf_counter()
         exporter.shutdown(timeout_millis=600_000)
         closing = time.perf_counter() - t1
-        assert drained and exporter.stats["delivered"] == rows + 1, exporter.stats
+        assert drained and exporter.delivery.stats["delivered"] == rows + 1, exporter.delivery.stats
     return {
         "open_s": opened,
         "rows_per_s": rows / worker,

@@ -41,10 +41,10 @@ class _Gated(TrackerExporter):
 
 def _drain_seconds(records: int, directory: Path) -> float:
     tracker = _Gated(spool_dir=directory, queue_size=10_000, retry_max_backoff=0.05)
-    tracker.start()
+    tracker.delivery.start()
     for step in range(records):
-        tracker.submit(StepBatch(step=step, values={"loss": 0.5, "reward": float(step)}))
-    while tracker.stats["spilled"] + 10_000 < records:  # the spool thread has written them
+        tracker.delivery.submit(StepBatch(step=step, values={"loss": 0.5, "reward": float(step)}))
+    while tracker.delivery.stats["spilled"] + 10_000 < records:  # the spool thread has written them
         time.sleep(0.01)
     started = time.perf_counter()
     tracker.up.set()

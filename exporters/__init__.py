@@ -3,9 +3,10 @@
 Each module imports its tracker's SDK lazily, on the exporter's own thread. Use
 :func:`otel_rl.delivery.registry.exporter_class` to find one by name.
 
-This package is also the public API for writing a tracker of one's own::
+This package is also the public API for writing a tracker of one's own (``Tracker``: the verbs;
+``TrackerExporter``: a tracker that is also an OTel ``MetricExporter``)::
 
-    from otel_rl.exporters import HistogramValue, RowRejected, StepBatch, TrackerExporter
+    from otel_rl.exporters import HistogramValue, RowRejected, StepBatch, Tracker
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from otel_rl.core.lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from otel_rl.core.failures import RowRejected
     from otel_rl.core.records import HistogramValue, StepBatch
+    from otel_rl.delivery.tracker import Tracker
     from otel_rl.exporters.base import TrackerExporter
 
-__all__ = ["HistogramValue", "RowRejected", "StepBatch", "TrackerExporter"]
+__all__ = ["HistogramValue", "RowRejected", "StepBatch", "Tracker", "TrackerExporter"]
 
 _PUBLIC = {
+    "Tracker": "otel_rl.delivery.tracker",
     "TrackerExporter": "otel_rl.exporters.base",
     "RowRejected": "otel_rl.core.failures",
     "StepBatch": "otel_rl.core.records",

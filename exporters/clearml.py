@@ -38,6 +38,8 @@ from typing import Any, ClassVar
 from otel_rl.core.errors import ConfigError
 from otel_rl.core.failures import Failure
 from otel_rl.core.records import Event, HistogramValue, RowValue, StepBatch, TableRows
+from otel_rl.delivery.tracker import RunConfig
+from otel_rl.exporters.base import SdkInit, TrackerConfig
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 from otel_rl.exporters.sdk_run import SdkRunExporter
 
@@ -75,6 +77,27 @@ class ClearMLExporter(SdkRunExporter):
     name: ClassVar[str] = "clearml"
     backwards_policy: ClassVar[str] = "ClearML keeps both points at that iteration"
     requires: ClassVar[tuple[str, ...]] = ("clearml",)
+    config: ClassVar[TrackerConfig | None] = TrackerConfig(
+        flag="ClearML",
+        order=80,
+        mapping=(
+            "given to `clearml.Task.init` (`project_name`, `task_name`, `tags`, ...), plus "
+            "`offline` ([backends/clearml.md](backends/clearml.md)); checked against its parameters"
+        ),
+        sdk_init=SdkInit(
+            package="clearml",
+            init_files=("task.py",),
+            init_class="Task",
+            declared=frozenset({
+                "project_name", "task_name", "task_type", "tags", "reuse_last_task_id",
+                "continue_last_task", "output_uri", "auto_connect_arg_parser",
+                "auto_connect_frameworks", "auto_resource_monitoring", "auto_connect_streams",
+                "deferred_init",
+            }),
+            # The exporter's own switch for ClearML's offline mode (Task.set_offline).
+            also=frozenset({"offline"}),
+        ),
+    )  # fmt: skip
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         given = dict(init_kwargs or {})
@@ -90,11 +113,11 @@ class ClearMLExporter(SdkRunExporter):
         super().__init__({"project_name": "otel-rl", **QUIET_HOOKS, **given}, **kwargs)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> ClearMLExporter:
-        init_kwargs = dict(cfg["clearml"])
-        init_kwargs.setdefault("project_name", cfg.get("experiment") or "otel-rl")
-        if cfg.get("run_id"):
-            init_kwargs.setdefault("task_name", str(cfg["run_id"]))
+    def from_config(cls, cfg: RunConfig, **kwargs: Any) -> ClearMLExporter:
+        init_kwargs = dict(cfg.tracker_section("clearml"))
+        init_kwargs.setdefault("project_name", cfg.experiment or "otel-rl")
+        if cfg.run_id:
+            init_kwargs.setdefault("task_name", cfg.run_id)
         return cls(init_kwargs, **kwargs)
 
     @property

@@ -9,12 +9,20 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TextIO
 
 from otel_rl.core.records import HistogramValue, RowValue, StepBatch
-from otel_rl.exporters.base import TrackerExporter
+from otel_rl.delivery.tracker import RunConfig
+from otel_rl.exporters.base import ConfigKey, TrackerConfig, TrackerExporter
 from otel_rl.process.fork_safe_log import writing_shared_stream
 
 
 class ConsoleExporter(TrackerExporter):
     name: ClassVar[str] = "console"
+    config: ClassVar[TrackerConfig | None] = TrackerConfig(
+        flag="a rich table on stderr",
+        order=30,
+        keys={
+            "every": ConfigKey("count", "print every N-th step", default=1),
+        },
+    )  # fmt: skip
 
     def __init__(self, every: int = 1, stream: TextIO | None = None, **kwargs: Any) -> None:
         self.every = every
@@ -25,8 +33,8 @@ class ConsoleExporter(TrackerExporter):
         super().__init__(**kwargs)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> ConsoleExporter:
-        return cls(every=int(cfg["console"]["every"]), **kwargs)
+    def from_config(cls, cfg: RunConfig, **kwargs: Any) -> ConsoleExporter:
+        return cls(every=cfg.tracker_section("console").every, **kwargs)
 
     def open(self) -> None:
         from rich.console import Console

@@ -29,7 +29,8 @@ from typing import Any, ClassVar
 
 from otel_rl.core.paths import path_inside
 from otel_rl.core.records import Event, HistogramValue, Resume, RowValue, StepBatch, TableRows
-from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.delivery.tracker import RunConfig
+from otel_rl.exporters.base import ConfigKey, RowRejected, TrackerConfig, TrackerExporter
 
 # The start of a row of ours: the run id comes before the metrics, so that reading the first
 # bytes of the last line tells which run wrote it, however long the row.
@@ -40,6 +41,17 @@ _TAIL_CHUNK = 65536
 class JsonlExporter(TrackerExporter):
     name: ClassVar[str] = "jsonl"
     max_batch: ClassVar[int] = 256
+    config: ClassVar[TrackerConfig | None] = TrackerConfig(
+        flag="JSON lines, one object per row",
+        enabled=True,
+        order=20,
+        keys={
+            "path": ConfigKey(
+                "path", "the file (appended, never truncated)",
+                shown_default="`<log_dir>/metrics.jsonl`",
+            ),
+        },
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -59,9 +71,9 @@ class JsonlExporter(TrackerExporter):
         super().__init__(**kwargs)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> JsonlExporter:
-        path = cfg["jsonl"].get("path") or Path(cfg["log_dir"]) / "metrics.jsonl"
-        return cls(path, run_id=cfg.get("run_id"), attempt=cfg.get("attempt", 1), **kwargs)
+    def from_config(cls, cfg: RunConfig, **kwargs: Any) -> JsonlExporter:
+        path = cfg.tracker_section("jsonl").path or Path(cfg.log_dir) / "metrics.jsonl"
+        return cls(path, run_id=cfg.run_id, attempt=cfg.attempt, **kwargs)
 
     def beside(self, name: str) -> Path:
         """Where the run's ``name`` (hyperparameters, tables, events, plots) is kept: beside

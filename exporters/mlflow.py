@@ -34,7 +34,8 @@ from typing import Any, ClassVar, TypeVar
 from otel_rl.core.errors import ConfigError
 from otel_rl.core.records import Event, HistogramValue, Resume, RowValue, StepBatch, TableRows
 from otel_rl.core.redaction import collect_secrets, redact_text, secret_values
-from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.delivery.tracker import RunConfig
+from otel_rl.exporters.base import RowRejected, TrackerConfig, TrackerExporter
 from otel_rl.exporters.mlflow_names import NameMap, sanitize
 
 #: MLflow's per-request limits (mlflow.utils.validation).
@@ -114,6 +115,15 @@ class MlflowExporter(TrackerExporter):
     #: 1000-metrics limit allows (one for 64 steps of 15 keys, seven for 64 steps of 100 keys).
     max_batch: ClassVar[int] = 64
     requires: ClassVar[tuple[str, ...]] = ("mlflow",)
+    config: ClassVar[TrackerConfig | None] = TrackerConfig(
+        flag="MLflow",
+        order=50,
+        mapping=(
+            "`experiment_name`, `run_name`, `tracking_uri`, `run_id`, `artifact_location`, `tags` "
+            "([backends/mlflow.md](backends/mlflow.md))"
+        ),
+        accepted=CONFIG_KEYS,
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -171,8 +181,8 @@ class MlflowExporter(TrackerExporter):
         return redact_text(self.tracking_uri, self._secrets)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> MlflowExporter:
-        section = dict(cfg.get("mlflow") or {})
+    def from_config(cls, cfg: RunConfig, **kwargs: Any) -> MlflowExporter:
+        section = dict(cfg.tracker_section("mlflow") or {})
         unknown = sorted(set(section) - CONFIG_KEYS)
         if unknown:
             raise ConfigError(
@@ -180,8 +190,8 @@ class MlflowExporter(TrackerExporter):
                 f"valid keys: {', '.join(sorted(CONFIG_KEYS))}"
             )
         tags = dict(section.get("tags") or {})
-        if cfg.get("run_id"):
-            tags.setdefault("otel_rl.run_id", str(cfg["run_id"]))
+        if cfg.run_id:
+            tags.setdefault("otel_rl.run_id", cfg.run_id)
         return cls(
             tracking_uri=section.get("tracking_uri"),
             experiment_name=section.get("experiment_name"),
@@ -189,8 +199,8 @@ class MlflowExporter(TrackerExporter):
             run_id=section.get("run_id"),
             artifact_location=section.get("artifact_location"),
             tags=tags,
-            log_dir=cfg.get("log_dir") or "logs",
-            fallback_experiment=cfg.get("experiment"),
+            log_dir=cfg.log_dir,
+            fallback_experiment=cfg.experiment,
             **kwargs,
         )
 

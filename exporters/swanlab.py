@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from otel_rl.core.records import Event, HistogramValue, Resume, RowValue, StepBatch, TableRows
+from otel_rl.delivery.tracker import RunConfig
+from otel_rl.exporters.base import SdkInit, TrackerConfig
 from otel_rl.exporters.conversions import png_to_image
 from otel_rl.exporters.sdk_run import RESUME_STEPS_KEY, SdkRunExporter, attempts_config
 from otel_rl.process.fork_safe_log import log as _log
@@ -47,6 +49,23 @@ class SwanLabExporter(SdkRunExporter):
     )
     repeat_is_backwards: ClassVar[bool] = True
     requires: ClassVar[tuple[str, ...]] = ("swanlab",)
+    config: ClassVar[TrackerConfig | None] = TrackerConfig(
+        flag="SwanLab",
+        order=60,
+        mapping="given to `swanlab.init`; checked against its parameters",
+        sdk_init=SdkInit(
+            package="swanlab",
+            init_files=("sdk/cmd/init.py", "data/sdk.py", "__init__.pyi"),
+            declared=frozenset({
+                "reinit", "log_dir", "mode", "workspace", "project", "public", "name", "color",
+                "description", "job_type", "group", "tags", "id", "resume", "parallel", "config",
+                "settings", "callbacks",
+            }),
+            # SwanLab maps these aliases itself (and drops any other extra keyword silently);
+            # the exporter renames log_dir/logdir to what the installed version takes.
+            also=frozenset({"experiment_name", "notes", "logdir", "log_dir"}),
+        ),
+    )  # fmt: skip
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self._swanlab: Any = None
@@ -56,11 +75,11 @@ class SwanLabExporter(SdkRunExporter):
         super().__init__(init_kwargs, **kwargs)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> SwanLabExporter:
-        init_kwargs = dict(cfg["swanlab"])
+    def from_config(cls, cfg: RunConfig, **kwargs: Any) -> SwanLabExporter:
+        init_kwargs = dict(cfg.tracker_section("swanlab"))
         given = {"log_dir", "logdir"} & init_kwargs.keys()
         if not given and not os.environ.get("SWANLAB_LOG_DIR"):
-            init_kwargs["log_dir"] = str(Path(cfg["log_dir"]) / "swanlab")
+            init_kwargs["log_dir"] = str(Path(cfg.log_dir) / "swanlab")
         return cls(init_kwargs, **kwargs)
 
     # ---- tracker hooks (worker thread) -------------------------------------------------------

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from otel_rl.core.records import Event, HistogramValue, Resume, RowValue, StepBatch, TableRows
-from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.delivery.tracker import RunConfig
+from otel_rl.exporters.base import ConfigKey, RowRejected, TrackerConfig, TrackerExporter
 from otel_rl.exporters.tensorboard_summaries import (
     HPARAMS_START_TAG,
     hparams_end_value,
@@ -40,6 +41,15 @@ class TensorBoardExporter(TrackerExporter):
     )
     max_batch: ClassVar[int] = 256
     requires: ClassVar[tuple[str, ...]] = ("tensorboard",)
+    config: ClassVar[TrackerConfig | None] = TrackerConfig(
+        flag="TensorBoard event files",
+        order=10,
+        keys={
+            "log_dir": ConfigKey(
+                "path", "where the event files go", shown_default="`<log_dir>/tensorboard`"
+            ),
+        },
+    )  # fmt: skip
 
     def __init__(self, log_dir: str | os.PathLike[str], **kwargs: Any) -> None:
         self.log_dir = Path(log_dir).absolute()  # where it is now, whatever the cwd later
@@ -52,8 +62,8 @@ class TensorBoardExporter(TrackerExporter):
         super().__init__(**kwargs)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> TensorBoardExporter:
-        log_dir = cfg["tensorboard"].get("log_dir") or Path(cfg["log_dir"]) / "tensorboard"
+    def from_config(cls, cfg: RunConfig, **kwargs: Any) -> TensorBoardExporter:
+        log_dir = cfg.tracker_section("tensorboard").log_dir or Path(cfg.log_dir) / "tensorboard"
         return cls(log_dir, **kwargs)
 
     @property

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from otel_rl.core.records import HistogramValue, Resume, RowValue, StepBatch, TableRows
+from otel_rl.delivery.tracker import RunConfig
+from otel_rl.exporters.base import SdkInit, TrackerConfig
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 from otel_rl.exporters.sdk_run import RESUME_STEPS_KEY, SdkRunExporter, attempts_config
 
@@ -29,6 +31,21 @@ class TrackioExporter(SdkRunExporter):
     name: ClassVar[str] = "trackio"
     backwards_policy: ClassVar[str] = "Trackio keeps both rows at that step"
     requires: ClassVar[tuple[str, ...]] = ("trackio",)
+    config: ClassVar[TrackerConfig | None] = TrackerConfig(
+        flag="Trackio",
+        order=70,
+        mapping="given to `trackio.init`; checked against its parameters",
+        sdk_init=SdkInit(
+            package="trackio",
+            init_files=("__init__.py",),
+            declared=frozenset({
+                "project", "name", "group", "space_id", "server_url", "dataset_id", "bucket_id",
+                "config", "resume", "settings", "private", "embed", "auto_log_gpu",
+                "gpu_log_interval", "auto_log_cpu", "cpu_log_interval", "webhook_url",
+                "webhook_min_level",
+            }),
+        ),
+    )  # fmt: skip
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self._trackio: Any = None
@@ -37,9 +54,9 @@ class TrackioExporter(SdkRunExporter):
         super().__init__({"project": "otel-rl", "embed": False, **(init_kwargs or {})}, **kwargs)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> TrackioExporter:
-        init_kwargs = dict(cfg["trackio"])
-        init_kwargs.setdefault("project", cfg.get("experiment") or "otel-rl")
+    def from_config(cls, cfg: RunConfig, **kwargs: Any) -> TrackioExporter:
+        init_kwargs = dict(cfg.tracker_section("trackio"))
+        init_kwargs.setdefault("project", cfg.experiment or "otel-rl")
         return cls(init_kwargs, **kwargs)
 
     @property

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from otel_rl.core.records import Event, HistogramValue, Resume, RowValue, StepBatch, TableRows
+from otel_rl.delivery.tracker import RunConfig
+from otel_rl.exporters.base import SdkInit, TrackerConfig
 from otel_rl.exporters.conversions import histogram_edges, png_to_image
 from otel_rl.exporters.sdk_run import RESUME_STEPS_KEY, SdkRunExporter, attempts_config
 
@@ -51,6 +53,25 @@ class WandbExporter(SdkRunExporter):
         f"the row is kept at {STEP_KEY}=<step> (W&B never sees a backwards step= from otel-rl)"
     )
     requires: ClassVar[tuple[str, ...]] = ("wandb",)
+    config: ClassVar[TrackerConfig | None] = TrackerConfig(
+        flag="Weights & Biases",
+        order=40,
+        mapping=(
+            "given to `wandb.init` (`project`, `name`, `entity`, `tags`, ...); checked against its "
+            "parameters"
+        ),
+        sdk_init=SdkInit(
+            package="wandb",
+            init_files=("sdk/wandb_init.py",),
+            declared=frozenset({
+                "entity", "project", "dir", "id", "name", "notes", "tags", "config",
+                "config_exclude_keys", "config_include_keys", "allow_val_change", "group",
+                "job_type", "mode", "force", "reinit", "resume", "resume_from", "fork_from",
+                "save_code", "tensorboard", "sync_tensorboard", "monitor_gym", "settings",
+                "anonymous",
+            }),
+        ),
+    )  # fmt: skip
 
     def __init__(self, init_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self._wandb: Any = None
@@ -60,10 +81,10 @@ class WandbExporter(SdkRunExporter):
         super().__init__(init_kwargs, **kwargs)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], **kwargs: Any) -> WandbExporter:
-        init_kwargs = dict(cfg["wandb"])
+    def from_config(cls, cfg: RunConfig, **kwargs: Any) -> WandbExporter:
+        init_kwargs = dict(cfg.tracker_section("wandb"))
         # wandb.init(dir=X) writes to X/wandb/, so runs land in <log_dir>/wandb/.
-        init_kwargs.setdefault("dir", str(Path(cfg["log_dir"])))
+        init_kwargs.setdefault("dir", str(Path(cfg.log_dir)))
         return cls(init_kwargs, **kwargs)
 
     # ---- tracker hooks (worker thread) -------------------------------------------------------

@@ -9,20 +9,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_rl.config.loading import resolve_config
+from otel_rl.config.loading import resolve_settings
 from otel_rl.core.errors import MetricError, MetricReporter
 from otel_rl.core.records import Hyperparams, Plot, Table, histogram_of
 from otel_rl.core.redaction import compile_patterns, flatten_params, redact
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import exit_code_of
-from otel_rl.run.history import (
-    ATTEMPT_KEY,
-    LAUNCH_KEY,
-    RUN_ID_ENV,
-    RunHistory,
-    continue_tracker_runs,
-)
+from otel_rl.run.history import RUN_ID_ENV, RunHistory, continue_tracker_runs
 from otel_rl.run.intake import Intake
 from otel_rl.run.run import Run
 from otel_rl.telemetry.timing import Timer
@@ -46,9 +40,11 @@ class Logger:
         *,
         exporters: Sequence[Any] = (),
     ) -> None:
-        self.config = cfg = resolve_config(cfg)
-        self.log_dir = Path(cfg["log_dir"])
-        given = cfg["run_id"] if cfg["run_id"] is not None else os.environ.get(RUN_ID_ENV)
+        #: The resolved config, typed (:class:`~otel_rl.config.schema.LoggerSettings`:
+        #: ``logger.config.export.delivery``); it reads as a mapping too.
+        self.config = cfg = resolve_settings(cfg)
+        self.log_dir = Path(cfg.log_dir)
+        given = cfg.run_id if cfg.run_id is not None else os.environ.get(RUN_ID_ENV)
         named = given is not None and bool(str(given).strip())
         if given is not None and not named:
             # An unset job id expanded to nothing: the run cannot be continued by a relaunch.
@@ -57,23 +53,23 @@ class Logger:
         self.run_id = str(given) if named else uuid.uuid4().hex[:12]
         #: The launches of this run in ``log_dir`` (``resume``): ``history.attempt`` is this
         #: launch's number, 1 for a new run.
-        self.history = history = RunHistory.begin(self.log_dir, self.run_id, cfg["resume"])
+        self.history = history = RunHistory.begin(self.log_dir, self.run_id, cfg.resume)
         # The config says which run and attempt it is, for exporters that record it (JSONL
         # rows) and for ``otel-rl replay``, which rebuilds them from the config in the spool.
-        cfg["run_id"] = self.run_id
-        cfg[ATTEMPT_KEY], cfg[LAUNCH_KEY] = history.attempt, history.launch
+        cfg.run_id = self.run_id
+        cfg.set_launch(history.attempt, history.launch)
         continue_tracker_runs(cfg, history.tracker_runs())
-        self._strict = bool(cfg["strict"])
+        self._strict = cfg.strict
         self._report = MetricReporter(self._strict, _log)
-        self._redaction = compile_patterns(tuple(cfg["redaction"]["extra_patterns"]))
+        self._redaction = compile_patterns(tuple(cfg.redaction.extra_patterns))
         self._run = run = Run(cfg, exporters, run_id=self.run_id, redaction=self._redaction,
                               report=self._report)  # fmt: skip
         run.facades.append(weakref.ref(self))
         history.record()
         if history.resumed:
             run.steps.resume_attempt = history.attempt
-        self._intake = Intake(run, cfg["reductions"], strict=self._strict, report=self._report,
-                              anatomy=bool(cfg["anatomy"]))  # fmt: skip
+        self._intake = Intake(run, cfg.reductions, strict=self._strict, report=self._report,
+                              anatomy=cfg.anatomy)  # fmt: skip
         self._fanout = run.fanout
         self.exporters = run.exporters
         self.meter_provider = run.pipeline.provider

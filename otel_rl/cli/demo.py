@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_rl.delivery.registry import BACKEND_FLAGS
+from otel_rl.delivery.registry import builtin_trackers
 from otel_rl.distributed.worker import WorkerMetrics
 
 DEMO_BACKENDS = ("tensorboard", "jsonl", "console")
@@ -18,10 +18,11 @@ DEMO_BACKENDS = ("tensorboard", "jsonl", "console")
 
 def check_backends(backends: Sequence[str]) -> None:
     """Refuse names that are not trackers, listing the valid ones."""
-    unknown = [b for b in backends if b not in BACKEND_FLAGS]
+    known = builtin_trackers()
+    unknown = [b for b in backends if b not in known]
     if unknown:
         raise ValueError(
-            f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKEND_FLAGS)}"
+            f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(known)}"
         )
 
 
@@ -35,7 +36,7 @@ def demo_config(
     """The demo's embedded defaults: TensorBoard, JSONL and the console, no server needed.
     ``stall``: the watchdog's threshold is 2 s (half the stall if shorter), so that it shows."""
     check_backends(backends)
-    cfg: dict[str, Any] = {flag: name in backends for name, flag in BACKEND_FLAGS.items()}
+    cfg: dict[str, Any] = {f"{name}_enabled": name in backends for name in builtin_trackers()}
     cfg.update(
         log_dir=str(log_dir),
         experiment="otel-rl-demo",
@@ -185,7 +186,7 @@ def run_demo(
         # Every tracker has opened its run once what was logged is delivered: where each one
         # keeps it is read from its SDK's run now, while that run is open.
         logger.flush(timeout=30)
-        trackers = tracker_outputs(logger.exporters)
+        trackers = tracker_outputs([d.tracker for d in logger.exporters if d.tracker])
         summary = {
             "base_dir": str(Path(log_dir)),
             "log_dir": str(run_dir),

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import heapq
-import inspect
 import itertools
 import json
 import os
@@ -43,9 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_rl.config.loading import resolve_config
+from otel_rl.config.loading import resolve_settings
 from otel_rl.core.failures import describe_losses
 from otel_rl.core.records import StepBatch
+from otel_rl.delivery.channel import Channel
 from otel_rl.delivery.intake import complete_spools
 from otel_rl.delivery.registry import exporter_class
 from otel_rl.delivery.spool import (
@@ -76,6 +76,7 @@ from otel_rl.delivery.spool import (
     walk,
     write_meta,
 )
+from otel_rl.delivery.tracker import Tracker
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import KILLED_EXIT_CODE
 from otel_rl.run.history import ATTEMPT_KEY, LAUNCH_KEY
@@ -429,13 +430,14 @@ def _deliver_plan(
     saved = dict(meta.get("config") or {})
     # The launch's own keys (added by the Logger to its resolved config, never the user's).
     launch = {key: saved.pop(key) for key in (ATTEMPT_KEY, LAUNCH_KEY) if key in saved}
-    cfg = resolve_config(_merge(saved, meta.get("resume") or {}))
+    cfg = resolve_settings(_merge(saved, meta.get("resume") or {}))
     # Rows written by replay name the run and the attempt they belong to, as the live run's do.
-    cfg["run_id"] = cfg["run_id"] or run_id
-    cfg.update(launch)
+    cfg.run_id = cfg.run_id or run_id
+    if ATTEMPT_KEY in launch:
+        cfg.set_launch(int(launch[ATTEMPT_KEY]), launch.get(LAUNCH_KEY))
     # The folder holding the spool is the run's log_dir, wherever it was moved or copied: the
     # outputs kept inside it (the trackers' defaults) are written there.
-    cfg["log_dir"] = str(log_dir)
+    cfg.log_dir = str(log_dir)
     base = run_directory(meta, log_dir)
     started = meta.get("cwd")
     if started and base != Path(started):
@@ -505,7 +507,7 @@ def _save_resume(directory: Path, meta: Mapping[str, Any], resume: Mapping[str, 
 
 
 def _landed_before_the_kill(
-    attempt: Attempt | None, exporter: Any, uncertain: SeqSet
+    attempt: Attempt | None, exporter: Tracker, uncertain: SeqSet
 ) -> SeqSet:
     """Records of the last write attempted that the tracker holds although they were never
     marked done (the process died between the write and its mark): of ``uncertain``, the
@@ -518,12 +520,8 @@ def _landed_before_the_kill(
         if landed is not None:
             return _first(uncertain, landed)
     # A kill can cut even one write call short: a tracker that counts what it holds is told
-    # how many records the write carried (older trackers take the position alone).
-    counts = "records" in inspect.signature(exporter.holds_since).parameters
-    if attempt.records is not None and counts:
-        holds = exporter.holds_since(attempt.position, records=attempt.records)
-    else:
-        holds = exporter.holds_since(attempt.position)
+    # how many records the write carried (None: not noted).
+    holds = exporter.holds_since(attempt.position, records=attempt.records)
     return uncertain if holds else SeqSet()
 
 
@@ -886,7 +884,7 @@ class _RecordsAt:
 
 
 def _deliver(
-    exporter: Any,
+    exporter: Tracker,
     meta: Mapping[str, Any],
     records: Iterator[tuple[int, Any]],
     marks: DoneMarks,
@@ -896,7 +894,8 @@ def _deliver(
     interrupted: list[int],
     on_open: Callable[[], None],
 ) -> None:
-    writer = exporter.writer()
+    channel = Channel.of(exporter)  # its writer calls the tracker here, on this thread
+    writer = channel.writer()
     advance = _progress(progress, exporter.name, result.pending)
     deadline = time.monotonic() + timeout
     backoff = 0.0
@@ -926,7 +925,7 @@ def _deliver(
                 waiting.drop(done)
                 position += done
                 # Records the tracker refused are set aside, done but not delivered.
-                result.delivered = position - exporter.stats.get("rejected", 0)
+                result.delivered = position - channel.stats["rejected"]
                 advance(position)
             if failure is None:
                 backoff = 0.0
@@ -943,7 +942,7 @@ def _deliver(
         # A run that never reached finish() (no exit code saved) died: SIGKILL's 137 marks it
         # killed in trackers that keep a status, never "finished".
         writer.close(int(meta.get("exit_code", KILLED_EXIT_CODE)))
-        result.rejected = exporter.stats.get("rejected", 0)
+        result.rejected = channel.stats["rejected"]
         result.delivered = position - result.rejected
         advance(position, done=True)
 

@@ -82,7 +82,8 @@ from otel_rl.compat.nemo_utils import (
     log_container_init_timing,
 )
 from otel_rl.core.paths import path_inside
-from otel_rl.exporters.base import TrackerExporter
+from otel_rl.delivery.fanout import Delivery
+from otel_rl.delivery.tracker import Tracker
 
 if TYPE_CHECKING:
     from otel_rl.compat.nemo_channels import InterfaceExporter
@@ -285,7 +286,7 @@ class Logger(CoreOutputs):
             core_cfg["monitor_gpus"] = False
         self.core = CoreLogger(core_cfg, exporters=exporters)
         self.cfg = self.core.config
-        self.base_log_dir = str(self.cfg["log_dir"])
+        self.base_log_dir = str(self.cfg.log_dir)
         os.makedirs(self.base_log_dir, exist_ok=True)
         built = {key: self._build_backend(key, cls, sections) for key, cls in replaced}
         #: The backend loggers, in NeMo RL's order: otel-rl's tracker exporters, and the
@@ -295,7 +296,10 @@ class Logger(CoreOutputs):
             backend = built.get(key) or self._tracker(key)
             if backend is not None:
                 self.loggers.append(backend)
-        self.loggers.extend(e for e in self.core.exporters if e not in self.loggers)
+        self.loggers.extend(
+            tracker for tracker in map(_tracker_of, self.core.exporters)
+            if tracker not in self.loggers
+        )  # fmt: skip
         self.wandb_logger = built.get("wandb") or self._tracker("wandb")
         self.swanlab_logger = built.get("swanlab") or self._tracker("swanlab")
         self.gpu_monitor = self.core.gpu_monitor
@@ -307,16 +311,16 @@ class Logger(CoreOutputs):
             except Exception as exc:
                 _log.warning("otel-rl: %s.define_metric failed: %s", type(built["wandb"]), exc)
         if monitor_gpus and not own_monitor:
-            gpu = self.cfg.get("gpu_monitoring") or {}
+            gpu = self.cfg.gpu_monitoring
             self.gpu_monitor = monitor_class(
-                collection_interval=gpu["collection_interval"],
-                flush_interval=gpu["flush_interval"],
+                collection_interval=gpu.collection_interval,
+                flush_interval=gpu.flush_interval,
                 metric_prefix=_GPU_PREFIX,
                 step_metric=_GPU_STEP_METRIC,
                 parent_logger=self,
             )
             self.gpu_monitor.start()
-        self.num_val_samples_to_print = int(self.cfg["num_val_samples_to_print"])
+        self.num_val_samples_to_print = self.cfg.num_val_samples_to_print
         self.artifacts = ArtifactWriter(max_pending=artifact_queue)
         if not self.loggers:
             print("No loggers initialized")  # NeMo RL's notice, on stdout as there
@@ -397,7 +401,7 @@ class Logger(CoreOutputs):
         try:
             columns, size = snapshot_batch(to_log)
         except (TypeError, ValueError) as exc:
-            if self.cfg["strict"]:
+            if self.cfg.strict:
                 raise
             _log.warning("otel-rl: %s not written: %s", path, exc)
             return
@@ -422,7 +426,7 @@ class Logger(CoreOutputs):
         try:
             return str(path_inside(self.base_log_dir, filename))
         except ValueError as exc:
-            if self.cfg["strict"]:
+            if self.cfg.strict:
                 raise
             _log.warning("otel-rl: %r not written: %s", filename, exc)
             return None
@@ -438,7 +442,7 @@ class Logger(CoreOutputs):
         dumps: Stopping = []
         # The dumps go to files of their own, not to the trackers: they are written while the
         # run ends, within the same deadline (export.shutdown_timeout, + 1 s).
-        deadline = Deadline(float(self.cfg["export"]["shutdown_timeout"]))
+        deadline = Deadline(self.cfg.export.shutdown_timeout)
         if not self.finished:
             monitor = self.gpu_monitor
             if monitor is not None and monitor is not self.core.gpu_monitor:
@@ -466,7 +470,7 @@ class Logger(CoreOutputs):
         """Wait until every dump is on disk and every tracker has written what was logged."""
         artifacts_done = self.artifacts.flush(timeout)
         deadline = Deadline(
-            float(self.cfg["export"]["shutdown_timeout"]) if timeout is None else timeout
+            self.cfg.export.shutdown_timeout if timeout is None else timeout
         )
         channels_done = [
             exporter.force_flush(deadline.left() * 1000)
@@ -523,7 +527,8 @@ class Logger(CoreOutputs):
         return self.finished
 
     def _tracker(self, name: str) -> Any:
-        return next((e for e in self.core.exporters if getattr(e, "name", "") == name), None)
+        delivery = self.core.fanout.named(name)
+        return None if delivery is None else _tracker_of(delivery)
 
     def _finish_at_exit(self) -> None:
         """A run left open ends at interpreter exit with its own loggers' calls delivered (the
@@ -547,10 +552,10 @@ class Logger(CoreOutputs):
         would reach another at no set moment."""
         if self.finished:
             return
-        own = self.core.exporters  # in process mode not TrackerExporters: stand-ins for them
+        own = self.core.exporters  # the stand-ins of the delivery process's trackers
         targets = [
             b for b in list(self.loggers)
-            if not isinstance(b, TrackerExporter) and all(b is not e for e in own)
+            if not isinstance(b, Tracker) and all(b is not e for e in own)
         ]  # fmt: skip
         if not targets:
             return
@@ -565,10 +570,16 @@ class Logger(CoreOutputs):
                         self._finish_at_exit()
                     known = (backend, InterfaceExporter(backend))
                     self._channels[id(backend)] = known
-            known[1].submit(record)
+            known[1].delivery.submit(record)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+
+def _tracker_of(delivery: Delivery) -> Any:
+    """A backend logger as NeMo RL's ``loggers`` hold it: the tracker, or, for one that lives
+    in the delivery process, its delivery's stand-in."""
+    return delivery.tracker or delivery
 
 
 def _stopper(exporter: Any, deadline: Deadline, exit_code: int) -> Callable[[], None]:

@@ -14,16 +14,14 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from otel_rl.core.records import Table
-from otel_rl.delivery.fanout import Fanout
+from otel_rl.delivery.fanout import Delivery, Fanout
+from otel_rl.delivery.tracker import Tracker
 
 
-def takes_tables(exporter: Any) -> bool:
-    """Whether the exporter stores tables itself (overrides ``write_table``), also when it runs
-    in the delivery process (``tracker_class``: its class there)."""
-    from otel_rl.exporters.base import TrackerExporter
-
-    method = getattr(getattr(exporter, "tracker_class", type(exporter)), "write_table", None)
-    return method is not None and method is not TrackerExporter.write_table
+def takes_tables(delivery: Delivery) -> bool:
+    """Whether the tracker stores tables itself (overrides ``write_table``), also when it runs
+    in the delivery process."""
+    return delivery.tracker_class.write_table is not Tracker.write_table
 
 
 def submit_table(

@@ -100,7 +100,6 @@ class Tracking(CoreOutputs):
             VerlFileExporter,
             use_verl_mlflow_names,
         )
-        from otel_rl.delivery.service_link import apply_to_tracker
         from otel_rl.logger import Logger as CoreLogger
 
         self.project_name = str(project_name)
@@ -118,10 +117,10 @@ class Tracking(CoreOutputs):
             path = file_logger_path(self.project_name, self.experiment_name)
             extra.append(VerlFileExporter(path))
         self.core = CoreLogger(cfg, exporters=extra)
-        #: backend name → its tracker exporter (verl: backend name → logger object);
-        #: ``vemlp_wandb`` is the W&B tracker. ``rl_insight`` has none: its values are served
-        #: at :attr:`prometheus_url`.
-        self.logger: dict[str, Any] = {e.name: e for e in self.core.exporters}
+        #: backend name → its tracker (verl: backend name → logger object; a tracker of the
+        #: delivery process: its delivery's stand-in); ``vemlp_wandb`` is the W&B tracker.
+        #: ``rl_insight`` has none: its values are served at :attr:`prometheus_url`.
+        self.logger: dict[str, Any] = {e.name: e.tracker or e for e in self.core.exporters}
         for backend, tracker in TRACKER_OF.items():
             if backend in self.backends and tracker in self.logger:
                 self.logger[backend] = self.logger[tracker]
@@ -131,9 +130,10 @@ class Tracking(CoreOutputs):
         added = [n for n in self.logger if n in SUPPORTED_BACKENDS and n not in reached]
         self.backends += added
         self._warned: set[str] = set()
-        if "mlflow" in self.logger:
+        mlflow = self.core.fanout.named("mlflow")
+        if mlflow is not None:
             # Where the tracker lives: here, or in the delivery process (export.delivery).
-            apply_to_tracker(self.logger["mlflow"], use_verl_mlflow_names)
+            mlflow.apply(use_verl_mlflow_names)
         if params:
             self.core.log_hyperparams(params)
         VERL_TRACKINGS.add(self)

@@ -58,13 +58,23 @@ RL_INSIGHT = "rl_insight"
 _ALIASES = {"tracking": "wandb"}
 #: Where otel-rl's own options live in verl's config.
 SECTION = "otel_rl"
-#: The core Logger's trackers that are verl backends too (each switched by ``<name>_enabled``).
-_TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab", "trackio", "clearml")
+#: verl backends served otherwise than by the core Logger's tracker of that name: verl's console
+#: lines (otel_rl.compat.verl_exporters).
+_NOT_CORE_TRACKERS = frozenset({"console"})
 #: verl's ``trainer.resume_mode`` → the logger's ``resume``: verl resumes from its latest
 #: checkpoint (``auto``) or a given one (``resume_path``), and the run's history continues with
 #: it; ``disable`` trains from scratch, a new run.
 RESUME_OF = {"auto": "auto", "resume_path": "auto", "disable": "never"}
 _MISSING = object()
+
+
+def core_trackers() -> list[str]:
+    """The core Logger's trackers that are verl backends too (each switched by
+    ``<name>_enabled``), in the order the core Logger enables them."""
+    from otel_rl.delivery.registry import builtin_trackers
+
+    backends = set(SUPPORTED_BACKENDS) - _NOT_CORE_TRACKERS
+    return [name for name in builtin_trackers() if name in backends]
 
 
 def backend_names(default_backend: str | Iterable[str] | None) -> list[str]:
@@ -208,7 +218,7 @@ def _layered(
     origin: Callable[[tuple[str, ...]], str],
 ) -> dict[str, Any]:
     wanted = tracker_names(backends)
-    on = [name for name in _TRACKERS if name in wanted or user.get(f"{name}_enabled") is True]
+    on = [name for name in core_trackers() if name in wanted or user.get(f"{name}_enabled") is True]
     cfg = _merged(_verl_defaults(project, experiment, on), user)
     for path, value, source in _verl_settings(project, experiment, backends, on, config, env):
         given = _lookup(user, path)
@@ -281,7 +291,7 @@ def _verl_settings(
 
     from_env("log_dir", "OTEL_RL_LOG_DIR")
     wanted = tracker_names(backends)
-    for name in _TRACKERS:
+    for name in core_trackers():
         if name in wanted:
             put(f"{name}_enabled", True, "Tracking's default_backend")
     if RL_INSIGHT in backends:

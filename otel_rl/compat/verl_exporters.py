@@ -94,7 +94,7 @@ class VerlConsoleExporter(TrackerExporter):
 
         values: dict[str, Any] = {}
         flatten_into(values, data, "", lambda key, reason: None)  # non-numbers are not printed
-        self.submit(StepBatch(step=int(step), values=values))
+        self.delivery.submit(StepBatch(step=int(step), values=values))
 
     def flush(self) -> None:
         """verl's ``LocalLogger.flush`` (a no-op there): wait until queued lines are printed."""

@@ -105,9 +105,11 @@ class ClearMLLogger(_OwnCore):
 
     @property
     def task(self) -> Any:
-        """The ClearML ``Task`` (``None`` until the tracker's thread has opened it)."""
-        exporter = self.core.fanout.named("clearml")
-        return getattr(exporter, "task", None)
+        """The ClearML ``Task`` (``None`` until the tracker's thread has opened it, or when the
+        tracker runs in the delivery process)."""
+        delivery = self.core.fanout.named("clearml")
+        tracker = delivery.tracker if delivery is not None else None
+        return tracker.task if tracker is not None else None
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         tables = {k: v for k, v in data.items() if _is_dataframe(v)}

@@ -16,23 +16,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from otel_rl.config.loading import load_config, resolve_config
+from otel_rl.config.loading import load_config, resolve_settings
+
+if TYPE_CHECKING:
+    from otel_rl.config.schema import LoggerSettings
 
 CONFIG_ENV = "OTEL_RL_CONFIG"
 LOG_DIR_ENV = "OTEL_RL_LOG_DIR"
 STEP_GAUGE_ENV = "OTEL_RL_STEP_GAUGE"
 
 
-def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The resolved logger config that ``OTEL_RL_CONFIG`` and ``OTEL_RL_LOG_DIR`` describe."""
+def config_from_env(environ: Mapping[str, str] | None = None) -> LoggerSettings:
+    """The resolved (typed) logger config that ``OTEL_RL_CONFIG`` and ``OTEL_RL_LOG_DIR``
+    describe."""
     environ = os.environ if environ is None else environ
     source = environ.get(CONFIG_ENV)
     user = load_config(source) if source else {}
     if environ.get(LOG_DIR_ENV):
         user["log_dir"] = environ[LOG_DIR_ENV]
-    return resolve_config(user)
+    return resolve_settings(user)
 
 
 def exporter_options_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -4,7 +4,9 @@ A config is a plain mapping (or a YAML file). ``resolve_config`` merges it over 
 checks every key against the one declaration in :mod:`otel_rl.config.schema` (types, bounds,
 choices; unknown keys get the nearest valid one), then the settings of each enabled tracker
 (:mod:`otel_rl.config.tracker_settings`), so a mistake fails when the Logger is built instead of
-silently switching a feature on or failing later on a tracker's thread.
+silently switching a feature on or failing later on a tracker's thread. ``resolve_settings``
+returns the typed config that otel-rl reads (``cfg.export.delivery``); ``resolve_config`` its
+plain dict, for the edges that take data (printing, files, ``from_config`` of a mapping).
 
 The schema needs pydantic, so it is imported on the first ``resolve_config`` (or ``DEFAULTS``)
 and ``import otel_rl`` stays light.
@@ -17,11 +19,12 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_rl.core.errors import ConfigError
 
-#: Tracker backends and the config flag that enables each.
+if TYPE_CHECKING:
+    from otel_rl.config.schema import LoggerSettings
 
 
 def load_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
@@ -149,19 +152,31 @@ def _mapping_without_repeats(loader: Any, node: Any) -> dict[Any, Any]:
     return loader.construct_mapping(node, deep=True)  # type: ignore[no-any-return]
 
 
-def resolve_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
-    """Merge ``source`` over the defaults and validate it; returns a new plain nested dict.
+def resolve_settings(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> LoggerSettings:
+    """Merge ``source`` over the defaults and validate it; returns the typed config
+    (:class:`~otel_rl.config.schema.LoggerSettings`, read by its fields: ``cfg.export.delivery``;
+    it reads as a mapping as well).
 
     Raises :class:`ConfigError` naming each wrong key, its value and what it takes.
     """
-    from otel_rl.config.schema import validate
+    from otel_rl.config.schema import validate_settings
     from otel_rl.config.tracker_settings import check_tracker_settings
 
     given = load_config(source)
-    cfg = validate(given)
+    cfg = validate_settings(given)
     _check(cfg, given)
     check_tracker_settings(cfg)
     return cfg
+
+
+def resolve_config(source: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
+    """:func:`resolve_settings` as a new plain nested dict (to print, store or send as data).
+
+    Raises :class:`ConfigError` naming each wrong key, its value and what it takes.
+    """
+    from otel_rl.config.schema import plain
+
+    return plain(resolve_settings(source))
 
 
 def __getattr__(name: str) -> Any:
@@ -179,37 +194,37 @@ def __getattr__(name: str) -> Any:
 DEFAULTS: dict[str, Any]
 
 
-def _check(cfg: dict[str, Any], given: Mapping[str, Any]) -> None:
+def _check(cfg: LoggerSettings, given: Mapping[str, Any]) -> None:
     """What involves several keys or another module's rules (the schema checked each key)."""
-    export = cfg["export"]
-    if export["on_full"] == "spool" and not export["spool"]:
+    export = cfg.export
+    if export.on_full == "spool" and not export.spool:
         said = given.get("export")
         if isinstance(said, Mapping) and "on_full" in said:
             raise ConfigError(
                 "logger config 'export.on_full: spool' needs 'export.spool: true'; "
                 "choose 'block' or 'drop_oldest' without a spool"
             )
-        export["on_full"] = "drop_oldest"  # the default's meaning without a spool
+        export.on_full = "drop_oldest"  # the default's meaning without a spool
     _check_gpu_sources(cfg)
     from otel_rl.distributed.reductions import check_reductions
 
-    check_reductions(cfg["reductions"])
+    check_reductions(cfg.reductions)
     from otel_rl.telemetry.otlp import check_otlp_config
 
-    check_otlp_config(cfg["otlp"])
+    check_otlp_config(cfg.otlp)
 
 
-def _check_gpu_sources(cfg: Mapping[str, Any]) -> None:
+def _check_gpu_sources(cfg: LoggerSettings) -> None:
     import importlib.util
 
     from otel_rl.ray.discovery import endpoint_targets
 
-    endpoints = cfg["gpu_monitoring"]["endpoints"]
+    endpoints = cfg.gpu_monitoring.endpoints
     try:
         endpoint_targets(endpoints)
     except ValueError as exc:
         raise ConfigError(f"logger config 'gpu_monitoring.endpoints': {exc}") from exc
-    if cfg["monitor_gpus"] and not endpoints and importlib.util.find_spec("ray") is None:
+    if cfg.monitor_gpus and not endpoints and importlib.util.find_spec("ray") is None:
         raise ConfigError(
             "monitor_gpus needs Ray to find the nodes (pip install 'otel-rl[ray]') or a "
             "list of metrics endpoints in gpu_monitoring.endpoints"

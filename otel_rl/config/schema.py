@@ -10,7 +10,7 @@ Why pydantic rather than a dataclass tree with a hand-written validator: pydanti
 strict type checks, numeric bounds, literals and nested collections, and reports every error of
 a config at once with its location; a dataclass tree would need all of that written and tested
 here. Its cost stays off ``import otel_rl``: this module is imported lazily by
-:func:`otel_rl.config.loading.resolve_config`, i.e. once, when the first Logger is built. Measured
+:func:`otel_rl.config.loading.resolve_settings`, i.e. once, when the first Logger is built. Measured
 on a
 2-core machine (Python 3.11, pydantic 2.13): importing pydantic's models takes about 0.3 s and
 building these models about 0.2 s, once per process (a dataclass tree of the same shape: about
@@ -25,11 +25,12 @@ tuple.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -38,7 +39,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
+    create_model,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -117,7 +120,7 @@ def _field(
     return Field(default, description=meaning, json_schema_extra=extra, **bounds)
 
 
-class Section(BaseModel):
+class Section(BaseModel, Mapping[str, Any]):
     """One mapping of the config: strict types, no unknown keys."""
 
     # No inf or nan: every number here is a duration, an interval, a size or a port, and a
@@ -143,6 +146,21 @@ class Section(BaseModel):
             out[key] = value
         return out
 
+    # Read as a mapping too: ``cfg["export"]["delivery"]`` is ``cfg.export.delivery``. Code
+    # written for the plain dict, and a third-party tracker's ``from_config(cfg)`` (documented as
+    # taking a mapping), read the typed config unchanged. Read-only: the typed fields are set.
+
+    def __getitem__(self, key: str) -> Any:
+        if isinstance(key, str) and key in type(self).model_fields:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]  # keys, as a mapping's
+        return iter(type(self).model_fields)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
 
 def _nullable_by_default(field: Any) -> bool:
     """Whether ``null`` for this key means "the default": sections and collections."""
@@ -152,25 +170,6 @@ def _nullable_by_default(field: Any) -> bool:
 
 
 # ---- sections --------------------------------------------------------------------------------
-
-
-class TensorboardSection(Section):
-    log_dir: Path_ | None = _field(
-        None, "where the event files go", shown_type="path", shown_default="`<log_dir>/tensorboard`"
-    )
-
-
-class JsonlSection(Section):
-    path: Path_ | None = _field(
-        None,
-        "the file (appended, never truncated)",
-        shown_type="path",
-        shown_default="`<log_dir>/metrics.jsonl`",
-    )
-
-
-class ConsoleSection(Section):
-    every: int = _field(1, "print every N-th step", ge=1)
 
 
 class GpuMonitoringSection(Section):
@@ -342,48 +341,14 @@ class RedactionSection(Section):
 
 
 class LoggerSettings(Section):
-    """The whole logger config (NeMo RL's logger keys plus otel-rl's own)."""
+    """The logger config (NeMo RL's logger keys plus otel-rl's own), typed.
+
+    The built-in trackers' ``<name>_enabled`` flags and ``<name>:`` sections are added to it by
+    :func:`settings_model` from what each tracker's exporter class declares; read them with
+    :func:`otel_rl.delivery.registry.enabled_backends` and :meth:`tracker_section`.
+    """
 
     log_dir: Path_ = _field("logs", "root of every on-disk output", shown_type="path")
-    tensorboard_enabled: bool = _field(False, "TensorBoard event files")
-    tensorboard: TensorboardSection = _field(TensorboardSection())
-    jsonl_enabled: bool = _field(True, "JSON lines, one object per row")
-    jsonl: JsonlSection = _field(JsonlSection())
-    console_enabled: bool = _field(False, "a rich table on stderr")
-    console: ConsoleSection = _field(ConsoleSection())
-    wandb_enabled: bool = _field(False, "Weights & Biases")
-    wandb: Passthrough = _field(
-        meaning="given to `wandb.init` (`project`, `name`, `entity`, `tags`, ...); checked "
-        "against its parameters",
-        factory=dict,
-        shown_type="mapping",
-    )
-    mlflow_enabled: bool = _field(False, "MLflow")
-    mlflow: Passthrough = _field(
-        meaning="`experiment_name`, `run_name`, `tracking_uri`, `run_id`, "
-        "`artifact_location`, `tags` ([backends/mlflow.md](backends/mlflow.md))",
-        factory=dict,
-        shown_type="mapping",
-    )
-    swanlab_enabled: bool = _field(False, "SwanLab")
-    swanlab: Passthrough = _field(
-        meaning="given to `swanlab.init`; checked against its parameters",
-        factory=dict,
-        shown_type="mapping",
-    )
-    trackio_enabled: bool = _field(False, "Trackio")
-    trackio: Passthrough = _field(
-        meaning="given to `trackio.init`; checked against its parameters",
-        factory=dict,
-        shown_type="mapping",
-    )
-    clearml_enabled: bool = _field(False, "ClearML")
-    clearml: Passthrough = _field(
-        meaning="given to `clearml.Task.init` (`project_name`, `task_name`, `tags`, ...), plus "
-        "`offline` ([backends/clearml.md](backends/clearml.md)); checked against its parameters",
-        factory=dict,
-        shown_type="mapping",
-    )
     trackers: dict[str, Passthrough] = _field(
         meaning="more trackers by registry name with their options, e.g. a third-party one: "
         "`{mytracker: {option: 1}}` ([backends](backends/README.md#adding-a-tracker))",
@@ -430,6 +395,126 @@ class LoggerSettings(Section):
     stalls: StallsSection = _field(StallsSection())
     redaction: RedactionSection = _field(RedactionSection())
 
+    # The launch this config runs (run/history.py), set by the Logger once it knows it: not a
+    # key a user gives, but read with the config where it goes (the delivery process, spools).
+    _attempt: int | None = PrivateAttr(None)
+    _launch: str | None = PrivateAttr(None)
+
+    @property
+    def attempt(self) -> int:
+        """The run's launch this is: 1, then 2, ... after relaunches (1 until set)."""
+        return 1 if self._attempt is None else self._attempt
+
+    @property
+    def launch(self) -> str | None:
+        """This launch's id (``None`` until set)."""
+        return self._launch
+
+    def set_launch(self, attempt: int, launch: str | None) -> None:
+        """Record which launch of the run this config is for (the mapping's ``attempt`` and
+        ``launch`` keys from then on)."""
+        self._attempt, self._launch = attempt, launch
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]
+        yield from type(self).model_fields
+        if self._attempt is not None:
+            yield from _LAUNCH_KEYS
+
+    def __getitem__(self, key: str) -> Any:
+        if key in _LAUNCH_KEYS and self._attempt is not None:
+            return getattr(self, key)
+        return super().__getitem__(key)
+
+    def tracker_enabled(self, name: str) -> bool:
+        """Whether built-in tracker ``name``'s ``<name>_enabled`` flag is on."""
+        return bool(getattr(self, f"{name}_enabled", False))
+
+    def tracker_section(self, name: str) -> Any:
+        """The built-in tracker ``name``'s ``<name>:`` section (a model or a mapping)."""
+        return getattr(self, name)
+
+
+#: The mapping keys of :attr:`LoggerSettings.attempt` and :attr:`LoggerSettings.launch` (as
+#: otel_rl.run.history's ``ATTEMPT_KEY`` and ``LAUNCH_KEY``).
+_LAUNCH_KEYS = ("attempt", "launch")
+
+
+# ---- the trackers' keys, from their exporter classes --------------------------------------------
+
+#: What each ``kind`` of a tracker's typed key (``otel_rl.exporters.base.ConfigKey``) takes.
+_KEY_KINDS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "path": (Path_ | None, {"shown_type": "path"}),
+    "count": (int, {"ge": 1}),
+}
+
+
+@functools.cache
+def settings_model() -> type[LoggerSettings]:
+    """:class:`LoggerSettings` with a ``<name>_enabled`` flag and, where the tracker declares
+    one, a ``<name>:`` section for each tracker otel-rl registers, in their order."""
+    from otel_rl.delivery.registry import builtin_tracker_classes
+
+    fields: dict[str, Any] = {}
+    for name, cls in builtin_tracker_classes().items():
+        declared = cls.config
+        if declared is None:
+            raise ConfigError(
+                f"the built-in tracker '{name}' ({cls.__module__}.{cls.__qualname__}) declares "
+                "no config (TrackerConfig): the config cannot list it"
+            )
+        for key in (f"{name}_enabled", name):
+            if key in LoggerSettings.model_fields:
+                raise ConfigError(f"the tracker '{name}' would take the config key '{key}'")
+        fields[f"{name}_enabled"] = (bool, _field(declared.enabled, declared.flag))
+        if declared.keys:
+            section = _section_model(name, declared.keys)
+            fields[name] = (section, _field(section()))
+        elif declared.mapping:
+            fields[name] = (
+                Passthrough, _field(meaning=declared.mapping, factory=dict, shown_type="mapping")
+            )  # fmt: skip
+    model: type[LoggerSettings] = create_model(
+        _DERIVED_NAME, __base__=LoggerSettings, __module__=__name__, **fields
+    )
+    model.__doc__ = LoggerSettings.__doc__
+    _derived[_DERIVED_NAME] = model
+    return model
+
+
+#: The name of :func:`settings_model`'s class (its trackers' sections are named after them).
+_DERIVED_NAME = "TrackedLoggerSettings"
+_derived: dict[str, type[Section]] = {}
+
+
+def __getattr__(name: str) -> Any:
+    # The classes settings_model() builds, by name, so that a pickled config (the delivery
+    # process is sent one) finds them in a process that has not built them yet.
+    if name == _DERIVED_NAME or name.endswith("Section"):
+        settings_model()
+        if name in _derived:
+            return _derived[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _section_model(name: str, keys: Mapping[str, Any]) -> type[Section]:
+    fields: dict[str, Any] = {}
+    for key, declared in keys.items():
+        if declared.kind not in _KEY_KINDS:
+            raise ConfigError(
+                f"the tracker '{name}' declares config key '{key}' of unknown kind "
+                f"'{declared.kind}' (known: {', '.join(_KEY_KINDS)})"
+            )
+        annotation, options = _KEY_KINDS[declared.kind]
+        options = dict(options)
+        if declared.shown_default is not None:
+            options["shown_default"] = declared.shown_default
+        fields[key] = (annotation, _field(declared.default, declared.meaning, **options))
+    section: type[Section] = create_model(
+        f"{name.capitalize()}Section", __base__=Section, __module__=__name__, **fields
+    )
+    _derived[section.__name__] = section
+    return section
+
 
 # ---- validation -------------------------------------------------------------------------------
 
@@ -440,33 +525,43 @@ def validate(user: Mapping[str, Any]) -> dict[str, Any]:
     Raises :class:`ConfigError` listing every problem, each with its key path, the value given
     and what the key takes.
     """
+    return plain(validate_settings(user))
+
+
+def validate_settings(user: Mapping[str, Any]) -> LoggerSettings:
+    """The user's config merged over the defaults and checked: the typed config.
+
+    Raises :class:`ConfigError` as :func:`validate` does.
+    """
     try:
-        settings = LoggerSettings.model_validate(user)
+        settings = settings_model().model_validate(user)
     except ValidationError as exc:
         problems = list(dict.fromkeys(_problem(e) for e in exc.errors()))
         if len(problems) == 1:
             raise ConfigError(problems[0]) from None
         listed = "\n".join(f"  - {p}" for p in problems)
         raise ConfigError(f"{len(problems)} problems in the logger config:\n{listed}") from None
-    return plain(settings)
+    return settings
 
 
 def plain(model: BaseModel) -> dict[str, Any]:
-    """A validated model as the nested dict the rest of otel-rl reads (``cfg["export"][...]``).
+    """A validated model as a plain nested dict, for where data goes (printing, files, JSON);
+    a :class:`LoggerSettings` with its launch set includes ``attempt`` and ``launch``.
 
     Values are kept as validated, not serialized: a tracker's ``settings`` object in a
     passthrough section reaches its SDK as the same object.
     """
     out: dict[str, Any] = {}
-    for name in type(model).model_fields:
-        value = getattr(model, name)
+    names = list(model) if isinstance(model, Section) else type(model).model_fields
+    for name in names:
+        value = model[name] if isinstance(model, Section) else getattr(model, name)
         out[name] = plain(value) if isinstance(value, BaseModel) else value
     return out
 
 
 def defaults() -> dict[str, Any]:
     """Every key with its default value."""
-    return plain(LoggerSettings())
+    return plain(settings_model()())
 
 
 _EXPECTED_BY_TYPE = {
@@ -499,6 +594,10 @@ def _problem(error: Mapping[str, Any]) -> str:
     ctx = error.get("ctx") or {}
     value = error.get("input")
     if kind == "extra_forbidden":
+        if len(loc) == 1:
+            hint = _third_party_flag_hint(str(loc[0]))
+            if hint:
+                return hint
         return unknown_key_message(loc[-1], _fields_at(loc[:-1]), _path_of(loc))
     if kind == "invalid_key":
         where = f"under '{_path_of(loc[:-1])}'" if loc[:-1] else "at the top level"
@@ -554,7 +653,7 @@ def _shown(value: Any, kind: str = "") -> str:
 
 
 def _annotation_at(loc: tuple[Any, ...]) -> Any:
-    model: Any = LoggerSettings
+    model: Any = settings_model()
     annotation = None
     for part in loc:
         fields = getattr(model, "model_fields", None)
@@ -576,7 +675,7 @@ def _path_of(loc: tuple[Any, ...]) -> str:
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     """The keys valid where ``loc`` points (for did-you-mean)."""
-    model: Any = LoggerSettings
+    model: Any = settings_model()
     for part in loc:
         field = model.model_fields.get(part) if isinstance(part, str) else None
         if field is None:
@@ -585,6 +684,21 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return []
     return list(model.model_fields)
+
+
+def _third_party_flag_hint(key: str) -> str | None:
+    """Why ``<name>_enabled`` (or ``<name>:``) of an installed third-party tracker is no key: the
+    config's keys are the same wherever it runs, whatever else is installed there."""
+    from otel_rl.delivery.registry import available_exporters
+
+    name = key.removesuffix("_enabled")
+    if name not in available_exporters():
+        return None
+    return (
+        f"unknown logger config key '{key}': '{name}' is a tracker of another package, enabled "
+        f"by its entry under 'trackers:' with its options, e.g. trackers: {{{name}: {{}}}} "
+        "(only otel-rl's own trackers have <name>_enabled flags)"
+    )
 
 
 def unknown_key_message(key: object, known: list[str], where: str) -> str:
@@ -607,7 +721,7 @@ TABLE_HEADER = "| key | type | default | meaning |\n| --- | --- | --- | --- |"
 def markdown_table() -> str:
     """The key table of docs/configuration.md, one row per key, in declaration order."""
     rows = [TABLE_HEADER]
-    for key, field in _leaf_fields(LoggerSettings, ""):
+    for key, field in _table_order(_leaf_fields(settings_model(), "")):
         extra = field.json_schema_extra or {}
         shown_type = extra.get("shown_type") or _type_name(field.annotation)
         if "shown_default" in extra:
@@ -619,6 +733,14 @@ def markdown_table() -> str:
         shown_type = shown_type.replace("|", "\\|")
         rows.append(f"| `{key}` | {shown_type} | {shown_default} | {meaning} |")
     return "\n".join(rows)
+
+
+def _table_order(fields: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The trackers' keys right after ``log_dir``, as users read them: outputs first."""
+    base = LoggerSettings.model_fields
+    own = [(key, field) for key, field in fields if key.split(".")[0] in base]
+    added = [(key, field) for key, field in fields if key.split(".")[0] not in base]
+    return own[:1] + added + own[1:]
 
 
 def _leaf_fields(model: type[BaseModel], prefix: str) -> list[tuple[str, Any]]:

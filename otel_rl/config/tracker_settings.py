@@ -4,7 +4,7 @@ The ``wandb:``, ``swanlab:`` and ``trackio:`` sections go to the SDK's ``init`` 
 arguments (``clearml:`` to ``clearml.Task.init``), and the ``mlflow:`` section is read by otel-rl's
 MLflow exporter. A typo there (``wandb: {projcet: x}``) would otherwise pass construction and fail
 later on the tracker's own thread, or, for SwanLab, whose ``init`` swallows unknown keywords, be
-ignored. This check runs in :func:`otel_rl.config.loading.resolve_config`, so ``Logger()`` raises
+ignored. This check runs in :func:`otel_rl.config.loading.resolve_settings`, so ``Logger()`` raises
 at once with the nearest valid name.
 
 What an SDK's ``init`` accepts is read from the installed SDK without importing it (importing
@@ -12,7 +12,8 @@ W&B, SwanLab, Trackio or ClearML takes seconds; their exporters import them late
 thread): its signature when the SDK is already imported, else the ``def init`` in its source
 (``Task``'s method for ClearML), parsed with :mod:`ast`; when neither is found (SDK not
 installed, or its files moved), a declared list of the parameters of the versions otel-rl
-supports.
+supports. Each tracker's exporter class declares its SDK's ``init`` (``config.sdk_init``) or the
+names it reads itself (``config.accepted``).
 """
 
 from __future__ import annotations
@@ -23,142 +24,89 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from otel_rl.core.errors import ConfigError
 
-
-@dataclass(frozen=True)
-class TrackerSettings:
-    """Where a tracker's settings go and how to learn which names it takes."""
-
-    #: The package whose ``init`` receives the section (``None``: read by otel-rl itself).
-    package: str | None
-    #: Files of the package, relative to it, that may define ``init`` (newest layout first).
-    init_files: tuple[str, ...] = ()
-    #: The parameters when the SDK's own cannot be read (recent versions, as documented).
-    declared: frozenset[str] = frozenset()
-    #: Names accepted on top of ``init``'s parameters (aliases the SDK or the exporter maps).
-    also: frozenset[str] = field(default_factory=frozenset)
-    #: The class whose ``init`` method takes the section (``None``: a module-level ``init``).
-    init_class: str | None = None
-
-    @property
-    def described(self) -> str:
-        if not self.package:
-            return "the otel-rl exporter"
-        owner = f"{self.package}.{self.init_class}" if self.init_class else self.package
-        return f"{owner}.init"
+if TYPE_CHECKING:
+    from otel_rl.config.schema import LoggerSettings
+    from otel_rl.exporters.base import SdkInit, TrackerConfig
 
 
-TRACKERS: dict[str, TrackerSettings] = {
-    "wandb": TrackerSettings(
-        package="wandb",
-        init_files=("sdk/wandb_init.py",),
-        declared=frozenset({
-            "entity", "project", "dir", "id", "name", "notes", "tags", "config",
-            "config_exclude_keys", "config_include_keys", "allow_val_change", "group",
-            "job_type", "mode", "force", "reinit", "resume", "resume_from", "fork_from",
-            "save_code", "tensorboard", "sync_tensorboard", "monitor_gym", "settings",
-            "anonymous",
-        }),
-    ),
-    "swanlab": TrackerSettings(
-        package="swanlab",
-        init_files=("sdk/cmd/init.py", "data/sdk.py", "__init__.pyi"),
-        declared=frozenset({
-            "reinit", "log_dir", "mode", "workspace", "project", "public", "name", "color",
-            "description", "job_type", "group", "tags", "id", "resume", "parallel", "config",
-            "settings", "callbacks",
-        }),
-        # SwanLab maps these aliases itself (and drops any other extra keyword silently);
-        # the exporter renames log_dir/logdir to what the installed version takes.
-        also=frozenset({"experiment_name", "notes", "logdir", "log_dir"}),
-    ),
-    "trackio": TrackerSettings(
-        package="trackio",
-        init_files=("__init__.py",),
-        declared=frozenset({
-            "project", "name", "group", "space_id", "server_url", "dataset_id", "bucket_id",
-            "config", "resume", "settings", "private", "embed", "auto_log_gpu",
-            "gpu_log_interval", "auto_log_cpu", "cpu_log_interval", "webhook_url",
-            "webhook_min_level",
-        }),
-    ),
-    "clearml": TrackerSettings(
-        package="clearml",
-        init_files=("task.py",),
-        init_class="Task",
-        declared=frozenset({
-            "project_name", "task_name", "task_type", "tags", "reuse_last_task_id",
-            "continue_last_task", "output_uri", "auto_connect_arg_parser",
-            "auto_connect_frameworks", "auto_resource_monitoring", "auto_connect_streams",
-            "deferred_init",
-        }),
-        # The exporter's own switch for ClearML's offline mode (Task.set_offline).
-        also=frozenset({"offline"}),
-    ),
-    "mlflow": TrackerSettings(package=None),
-}
+def sdk_init(name: str) -> SdkInit | None:
+    """Where built-in tracker ``name``'s section goes, as its exporter class declares it
+    (``None``: the section is read by otel-rl's exporter, or there is none)."""
+    from otel_rl.delivery.registry import builtin_tracker_classes
+
+    cls = builtin_tracker_classes().get(name)
+    return None if cls is None or cls.config is None else cls.config.sdk_init
 
 
-def check_tracker_settings(cfg: Mapping[str, Any]) -> None:
+def check_tracker_settings(cfg: LoggerSettings) -> None:
     """Raise :class:`ConfigError` for a setting an enabled tracker does not take.
 
-    ``cfg`` is a resolved config (every key present). Disabled trackers are not checked: NeMo RL
-    configs keep a ``wandb:`` section while ``wandb_enabled: false``, and the SDK may be absent.
+    ``cfg`` is a resolved config. Disabled trackers are not checked: NeMo RL configs keep a
+    ``wandb:`` section while ``wandb_enabled: false``, and the SDK may be absent.
     """
-    from otel_rl.delivery.registry import BACKEND_FLAGS, enabled_backends
+    from otel_rl.delivery.registry import builtin_tracker_classes, enabled_backends
 
-    for name, options in (cfg.get("trackers") or {}).items():
-        if name in BACKEND_FLAGS and options:
+    builtin = builtin_tracker_classes()
+    for name, options in cfg.trackers.items():
+        if name in builtin and options:
             raise ConfigError(
                 f"logger config 'trackers.{name}': the built-in {name} tracker reads its "
                 f"settings from '{name}:', not from 'trackers:'; move them there"
             )
     problems = []
     for name in enabled_backends(cfg):
-        spec = TRACKERS.get(name)
-        section = cfg.get(name)
-        if spec is None or not isinstance(section, Mapping):
-            continue
+        cls = builtin.get(name)
+        declared = cls.config if cls is not None else None
+        section = cfg.tracker_section(name) if declared is not None else None
+        if declared is None or declared.keys or not isinstance(section, Mapping):
+            continue  # typed keys are the schema's to check
         accepted = accepted_settings(name)
+        if accepted is None:
+            continue
         for key in section:
             if key not in accepted:
-                problems.append(_unknown(name, key, accepted, spec))
+                problems.append(_unknown(name, key, accepted, declared.sdk_init))
     if problems:
         raise ConfigError("\n".join(problems))
 
 
-def accepted_settings(name: str) -> frozenset[str]:
-    """The setting names tracker ``name`` accepts in its config section."""
-    spec = TRACKERS[name]
-    if spec.package is None:
-        return _exporter_keys(name)
+def accepted_settings(name: str) -> frozenset[str] | None:
+    """The setting names built-in tracker ``name`` accepts in its config section (``None``: it
+    declares no list to check them against)."""
+    from otel_rl.delivery.registry import builtin_tracker_classes
+
+    declared: TrackerConfig | None = builtin_tracker_classes()[name].config
+    if declared is not None and declared.accepted is not None:
+        return frozenset(declared.accepted)
+    spec = declared.sdk_init if declared is not None else None
+    if spec is None:
+        return None
     return _init_parameters(spec) | spec.also
 
 
-def _unknown(name: str, key: object, accepted: frozenset[str], spec: TrackerSettings) -> str:
+def _described(spec: SdkInit | None) -> str:
+    if spec is None:
+        return "the otel-rl exporter"
+    owner = f"{spec.package}.{spec.init_class}" if spec.init_class else spec.package
+    return f"{owner}.init"
+
+
+def _unknown(name: str, key: object, accepted: frozenset[str], spec: SdkInit | None) -> str:
     near = difflib.get_close_matches(str(key), sorted(accepted), n=1, cutoff=0.6)
-    where = f"(logger config '{name}.{key}'; the settings are those of {spec.described})"
+    where = f"(logger config '{name}.{key}'; the settings are those of {_described(spec)})"
     if near:
         return f"unknown {name} setting '{key}'; did you mean '{near[0]}'? {where}"
     return f"unknown {name} setting '{key}' {where}; valid: {', '.join(sorted(accepted))}"
 
 
-def _exporter_keys(name: str) -> frozenset[str]:
-    if name == "mlflow":
-        from otel_rl.exporters.mlflow import CONFIG_KEYS
-
-        return frozenset(CONFIG_KEYS)
-    raise KeyError(name)
-
-
 @cache
-def _init_parameters(spec: TrackerSettings) -> frozenset[str]:
+def _init_parameters(spec: SdkInit) -> frozenset[str]:
     module = sys.modules.get(spec.package or "")
     owner = getattr(module, spec.init_class, None) if spec.init_class else module
     init = getattr(owner, "init", None)
@@ -175,7 +123,7 @@ def _named_parameters(signature: inspect.Signature) -> frozenset[str]:
     return frozenset(p.name for p in signature.parameters.values() if p.kind in named)
 
 
-def _parameters_in_source(spec: TrackerSettings) -> frozenset[str] | None:
+def _parameters_in_source(spec: SdkInit) -> frozenset[str] | None:
     """The parameters of the module-level ``def init`` in the installed package's files."""
     try:
         found = importlib.util.find_spec(spec.package or "")

@@ -1,8 +1,11 @@
 """What flows from the training thread to the tracker exporters' threads.
 
 Every record kind is a :class:`Record`: it names the exporter hook it goes to (``deliver_to``)
-and how it is written to and read back from the spool (``encode``/``decode``), so that every
-record a tracker is given can also be replayed. Every record is immutable once handed over.
+and how it becomes plain data and back (``encode``/``decode``), so that every record a tracker is
+given can also be replayed. That encoding, :func:`record_fields` / :func:`record_from_fields`,
+is the only one a record has: a spool line is it in JSON (:func:`record_json`), and a frame to
+the delivery process (``export.delivery: process``) is it pickled (``delivery/frames.py``).
+Every record is immutable once handed over.
 
 A :class:`StepBatch` carries the logged values of one step (the side channel that keeps NaN and
 text) plus the OTel data collected for that step; its ``rows`` are computed once, lazily, by
@@ -12,6 +15,7 @@ whichever exporter thread asks first — never on the training thread.
 from __future__ import annotations
 
 import base64
+import json
 import math
 import threading
 import time
@@ -75,12 +79,12 @@ RowValue = Union[float, str, HistogramValue]  # noqa: UP007 (a runtime alias)
 
 
 class Record:
-    """One kind of thing a tracker is given. Subclasses set ``kind`` (its name in the spool),
-    and implement ``deliver_to`` (call the exporter's hook for it), ``encode`` (a JSON object)
-    and ``decode`` (the record back from that object)."""
+    """One kind of thing a tracker is given. Subclasses set ``kind`` (its name in the encoding),
+    and implement ``deliver_to`` (call the exporter's hook for it), ``encode`` (its fields, as
+    JSON holds them) and ``decode`` (the record back from those fields)."""
 
     kind: ClassVar[str]
-    #: Record classes by ``kind``, for reading the spool back.
+    #: Record classes by ``kind``, for reading the encoding back.
     kinds: ClassVar[dict[str, type[Record]]] = {}
     #: ``(launch, frame)``: the frame that brought this record to a delivery process
     #: (``export.delivery: process``), kept on its spool line so that a record handed over
@@ -264,8 +268,8 @@ class StepBatch(Record):
     provisional: bool = False
     _rows: dict[str, RowValue] | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    #: The spool line's body (``spool.encode_record``), encoded once for every tracker's spool.
-    spool_body: str | None = field(default=None, init=False, repr=False)
+    #: The batch's JSON (:func:`record_json`), encoded once for every tracker's spool.
+    encoded: str | None = field(default=None, init=False, repr=False)
 
     @property
     def rows(self) -> dict[str, RowValue]:
@@ -286,13 +290,17 @@ class StepBatch(Record):
         exporter.write_step(self.step, self.rows, self)
 
     def encode(self) -> dict[str, Any]:
-        """The rows are computed here (on the spool thread), never on the caller's."""
+        """The rows are computed here by the first to ask: a spool thread, or with the delivery
+        process the training thread, which is why they are given as they are (the batch's own,
+        not copied, histograms as :class:`HistogramValue`: :func:`record_json` writes one as
+        ``{"__histogram__": [...]}``, a pickle carries it as it is): a scan of 100 values to
+        convert them would cost the training thread 2 µs a step, half of what pickling costs."""
         body: dict[str, Any] = {
             "step": self.step,
             "time": self.time,
             "axis": self.axis,
             "step_metrics": dict(self.step_metrics),
-            "rows": {k: _encode_value(v) for k, v in self.rows.items()},
+            "rows": self.rows,
         }
         if self.seal is not None:
             body["seal"] = self.seal
@@ -305,9 +313,13 @@ class StepBatch(Record):
         step, rows = body["step"], body["rows"]
         if type(step) is not int or not isinstance(rows, dict):
             raise TypeError(f"step {step!r} / rows of type {type(rows).__name__}")
+        if set(map(type, rows.values())) <= _ROW_TYPES:  # the keys: JSON's, or encode's
+            values = dict(rows)  # the usual rows: nothing to turn back, only to copy
+        else:
+            values = {str(k): _decode_value(v) for k, v in rows.items()}
         return cls(
             step=step,
-            values={str(k): _decode_value(v) for k, v in rows.items()},
+            values=values,
             time=float(body["time"]),
             axis=body["axis"],
             step_metrics=dict(body.get("step_metrics") or {}),
@@ -316,7 +328,13 @@ class StepBatch(Record):
         )
 
 
-def _encode_value(value: RowValue) -> Any:
+#: The types of row values decoded as they are.
+_ROW_TYPES = frozenset({float, str, HistogramValue})
+
+
+def _json_value(value: Any) -> Any:
+    """A value JSON has no form for: a histogram as ``{"__histogram__": [bounds, counts,
+    count, sum, min, max]}``, anything else (a value of the caller's own class) as its text."""
     if isinstance(value, HistogramValue):
         return {
             "__histogram__": [
@@ -328,10 +346,12 @@ def _encode_value(value: RowValue) -> Any:
                 value.max,
             ]
         }
-    return value  # float (NaN/inf as JSON's NaN/Infinity tokens, which json reads back) or str
+    return str(value)
 
 
 def _decode_value(value: Any) -> RowValue:
+    if isinstance(value, HistogramValue):  # pickled as it is (otel_rl/delivery/frames.py)
+        return value
     if isinstance(value, dict) and "__histogram__" in value:
         bounds, counts, count, total, lo, hi = value["__histogram__"]
         return HistogramValue(tuple(bounds), tuple(counts), count, total, lo, hi)
@@ -340,6 +360,66 @@ def _decode_value(value: Any) -> RowValue:
     if isinstance(value, str):
         return value
     raise TypeError(f"row value of type {type(value).__name__}")
+
+
+#: The ``kind`` of an object that is no :class:`Record` (a third party's own, delivered live):
+#: its encoding names its type only, and it decodes to ``None`` (it cannot be replayed).
+OPAQUE_KIND = "opaque"
+
+# One line, no spaces. Made once: ``json.dumps`` with these options builds an encoder per call.
+_JSON = json.JSONEncoder(separators=(",", ":"), default=_json_value)
+
+
+def record_fields(record: Any) -> dict[str, Any]:
+    """The record as data: ``{"kind": ..., <its fields>}``, and ``"intake": [launch, frame]``
+    when a delivery process was handed it (:attr:`Record.intake`). A spool line holds this in
+    JSON (:func:`fields_json`), a frame to the delivery process pickled; both are read back by
+    :func:`record_from_fields`. The fields are JSON's types but for a step's histograms
+    (:class:`HistogramValue`, see :meth:`StepBatch.encode`)."""
+    if not isinstance(record, Record):
+        return {"kind": OPAQUE_KIND, "type": type(record).__name__}
+    fields = {"kind": record.kind, **record.encode()}
+    if record.intake is not None:
+        fields["intake"] = list(record.intake)
+    return fields
+
+
+def fields_json(fields: Mapping[str, Any]) -> str:
+    """A record's fields as one line of JSON (NaN and infinities as JSON's ``NaN`` and
+    ``Infinity`` tokens, which ``json`` reads back; histograms as :func:`_json_value` says)."""
+    return _JSON.encode(fields)
+
+
+def record_json(record: Any) -> str:
+    """:func:`fields_json` of the record. A step's is encoded once and kept on the batch: every
+    tracker's spool writes the same text."""
+    text = getattr(record, "encoded", None)
+    if text is None:
+        text = fields_json(record_fields(record))
+        if isinstance(record, StepBatch):
+            record.encoded = text
+    return text
+
+
+def record_from_fields(fields: Mapping[str, Any]) -> Record | None:
+    """The record :func:`record_fields` gave ``fields`` for; ``None`` for an opaque object.
+
+    Raises ``KeyError``, ``TypeError`` or ``ValueError`` for fields that are not a record's
+    (an unknown kind, a missing or mistyped field).
+    """
+    kind = fields["kind"]
+    if kind == OPAQUE_KIND:
+        return None
+    if kind not in Record.kinds:
+        raise TypeError(f"unknown record kind {kind!r}")
+    record = Record.kinds[kind].decode(fields)
+    intake = fields.get("intake")
+    if intake is not None:
+        launch, frame = intake
+        if type(frame) is not int:
+            raise TypeError(f"intake frame {frame!r} is not an integer")
+        object.__setattr__(record, "intake", (str(launch), frame))
+    return record
 
 
 def scoped_metrics(datas: Iterable[MetricsData]) -> Iterator[tuple[str, Metric]]:

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +40,20 @@ from otel_rl.delivery.messages import (
     CLOSE_GRACE,
     left_behind_message,
     lost_message,
+    refused_message,
     replay_hint,
     undelivered_message,
 )
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.record_queue import Item, RecordQueue, is_checkpoint
 from otel_rl.delivery.spool import Spool, read_meta
+from otel_rl.delivery.tracker import Tracker
 from otel_rl.delivery.tracker_worker import Awaitable, TrackerWorker
-from otel_rl.delivery.writer import Tracker, TrackerWriter
+from otel_rl.delivery.writer import TrackerWriter
 from otel_rl.process.fork_safe_log import log as _log
 
 __all__ = [
-    "CLOSE_GRACE", "COUNTERS", "Awaitable", "Channel", "SpoolFeeder", "Tracker", "replay_hint",
+    "CLOSE_GRACE", "COUNTERS", "Awaitable", "Channel", "SpoolFeeder", "replay_hint",
 ]  # fmt: skip
 
 #: The counters every tracker's ``stats`` holds from the start.
@@ -61,15 +63,21 @@ COUNTERS = ("submitted", "delivered", "dropped", "rejected", "refused_values", "
 
 class Channel:
     """The delivery of one tracker: its options and spool, and the three parts that move its
-    records (the queue, the spool feeder, the worker); what is left at the end."""
+    records (the queue, the spool feeder, the worker); what is left at the end.
 
-    def __init__(
-        self, tracker: Tracker, *, given: Mapping[str, Any], batches_one_by_one: bool
-    ) -> None:
+    A tracker has at most one channel (:meth:`of`); what the tracker reports through its
+    :attr:`~otel_rl.delivery.tracker.Tracker.notes` is counted and said here."""
+
+    def __init__(self, tracker: Tracker, *, given: Mapping[str, Any] | None = None) -> None:
+        if isinstance(tracker.notes, ChannelNotes):
+            raise RuntimeError(f"{tracker.name}: the tracker is delivered by a channel already")
         self.tracker = tracker
         self.name = tracker.name
+        tracker.notes = ChannelNotes(self)
+        #: Where :class:`~otel_rl.delivery.fanout.Fanout` sends this tracker's records.
+        self.route = self
         # Options given to the tracker itself win over the ones a run attaches.
-        self._given = dict(given)
+        self._given = dict(given or {})
         self.options = ExportOptions(**self._given)
         self.spool_dir: Path | None = None
         self.spool_meta: dict[str, Any] = {}
@@ -79,7 +87,6 @@ class Channel:
         #: Records left undelivered by :meth:`shutdown` (in the spool when there is one).
         self.undelivered = 0
         self._warned: set[str] = set()
-        self._one_by_one = batches_one_by_one
         self._start_lock = threading.Lock()
         self.started = False
         self._after: Awaitable | None = None
@@ -91,6 +98,12 @@ class Channel:
         # The parts' deques, never replaced: the training thread's few lookups, and a view.
         self._queue: deque[Item] = self._records.items
         self._incoming: deque[Any] = self._feeder.incoming
+
+    @classmethod
+    def of(cls, tracker: Tracker) -> Channel:
+        """The channel that delivers ``tracker``: its own, or a new one."""
+        notes = tracker.notes
+        return notes.channel if isinstance(notes, ChannelNotes) else cls(tracker)
 
     def attach(
         self,
@@ -143,9 +156,7 @@ class Channel:
 
     def writer(self) -> TrackerWriter:
         """A writer that calls the tracker on the caller's thread (``otel-rl replay``)."""
-        return TrackerWriter(
-            self.tracker, self.stats, self.warn_once, batches_one_by_one=self._one_by_one
-        )
+        return TrackerWriter(self.tracker, self.stats, self.warn_once)
 
     @property
     def failure(self) -> Failure | None:
@@ -159,8 +170,9 @@ class Channel:
 
     # ---- training thread ----------------------------------------------------------------------
 
-    def submit(self, record: Any) -> None:
-        """Queue ``record``. Returns at once, unless ``on_full="block"`` and the tracker is
+    def send(self, record: Any, names: Sequence[str] = ()) -> None:
+        """Queue ``record`` (``names``: this tracker's, from :class:`~otel_rl.delivery.fanout.
+        Fanout`). Returns at once, unless ``on_full="block"`` and the tracker is
         behind, or the spool thread is behind (docs/reliability.md): memory stays bounded and
         the crash promise (nothing older than ``fsync_interval`` lost) holds even when the disk
         cannot keep up with the loop (only at thousands of steps per second)."""
@@ -202,6 +214,8 @@ class Channel:
                 records.put_locked(None, record)
             cond.notify_all()
 
+    submit = send  # the verb of one tracker's delivery (otel_rl.delivery.fanout.Delivery)
+
     @property
     def pending(self) -> int:
         """Records submitted and not yet delivered (in memory or only on disk)."""
@@ -215,6 +229,10 @@ class Channel:
         the last frame submitted before this call."""
         with self._records.cond:
             return self._feeder.spooled_frame_locked(handed)
+
+    def force_flush(self, timeout_millis: float = 30_000) -> bool:
+        """Wait until every queued record is written (or the timeout passes)."""
+        return self.wait_idle(timeout_millis / 1000)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every queued record is written; False if ``timeout`` seconds pass first."""
@@ -300,6 +318,23 @@ class Channel:
         except OSError as exc:
             self.warn_once("meta", "%s: cannot write spool metadata: %s", self.name, exc)
 
+    @property
+    def lost(self) -> dict[str, int]:
+        """Records lost for good, by reason (:mod:`otel_rl.core.failures`)."""
+        return losses(self.stats)
+
+    @property
+    def resume_config(self) -> dict[str, Any]:
+        return self.tracker.resume_config
+
+    @property
+    def tracker_class(self) -> type[Tracker]:
+        return type(self.tracker)
+
+    def apply(self, setup: Callable[[Any], object]) -> None:
+        """Run ``setup(tracker)`` (a drop-in's naming rules for the tracker, before it opens)."""
+        setup(self.tracker)
+
     def warn_once(self, kind: str, message: str, *args: Any) -> None:
         if kind not in self._warned:
             self._warned.add(kind)
@@ -325,6 +360,25 @@ class Channel:
         self._records.abandon()
         self._feeder.abandon()
         self._worker.abandoned = True
+
+
+class ChannelNotes:
+    """What a tracker tells its channel (:class:`~otel_rl.delivery.tracker.TrackerNotes`)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def warn_once(self, kind: str, message: str, *args: Any) -> None:
+        self.channel.warn_once(kind, message, *args)
+
+    def value_refused(self, tracker: str, kind: str, key: str, reason: str) -> None:
+        self.channel.stats["refused_values"] += 1
+        self.channel.warn_once(f"refused:{kind}:{key}", "%s", refused_message(tracker, kind, key,
+                                                                            reason))  # fmt: skip
+
+    def run_named(self) -> None:
+        if self.channel.spool_dir is not None:
+            self.channel.write_meta()
 
 
 class SpoolFeeder:

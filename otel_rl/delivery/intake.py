@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_rl.delivery.frames import decode_record, read_frames
+from otel_rl.delivery.frames import read_frames, record_from_body
 from otel_rl.delivery.spool import Spool, SpoolBusy, private_dirs, segment_paths, spool_root
 
 _APPEND_EVERY = 2_000  # records per spool write: one write call, tens of kilobytes or more
@@ -264,7 +264,7 @@ def _spool_frames(
                 continue
             if record is None:
                 try:
-                    record = decode_record(body)
+                    record = record_from_body(body)
                 except Exception:  # costs only itself: counted, said by the caller
                     result.unreadable += 1
                     break

@@ -140,8 +140,9 @@ class DeliveryChild:
                 left = status.remote_undelivered.get(name, 0) + state.in_files[name]
                 if left:
                     say.say_left_at_deadline(
-                        name, left, state.in_files[name], self._settings["cfg"],
-                        status.spool_dirs[name], self._writer.handoff_dir,
+                        name, left, state.in_files[name], self._settings["log_dir"],
+                        self._settings["shutdown_timeout"], status.spool_dirs[name],
+                        self._writer.handoff_dir,
                     )  # fmt: skip
         elif state.orphaned:  # the child died during the run: the records since then wait too
             self._left_in_spools()

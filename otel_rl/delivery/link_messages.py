@@ -1,13 +1,14 @@
-"""Every word the delivery process's link says to the user, in one place: its warnings and
-errors through the ``otel_rl`` logger, the reason a start failed, and the one line written to
-stderr when the logger's handlers are too slow to say the child's own lines by the deadline."""
+"""Every word the delivery process and its link say to the user, in one place: the training
+process's warnings and errors through the ``otel_rl`` logger, the reason a start failed, the one
+line written to stderr when the logger's handlers are too slow to say the child's own lines by
+the deadline, and the delivery process's own warnings (said in the training process through its
+``otel_rl`` logger, ``otel_rl/delivery/delivery_process.py``)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from otel_rl.core.failures import describe_losses
 from otel_rl.delivery.messages import replay_hint
@@ -87,16 +88,16 @@ def say_killed_at_deadline(names: Sequence[str], kept: bool) -> None:
 
 
 def say_left_at_deadline(
-    name: str, left: int, files: int, cfg: Mapping[str, Any],
+    name: str, left: int, files: int, log_dir: str, timeout: float,
     spool_dir: Path | None, handoff_dir: Path | None,
 ) -> None:  # fmt: skip
     """What tracker ``name``'s channel would have said at its close, had it got there: ``left``
-    records not delivered, ``files`` of them in handoff files."""
-    log_dir = cfg["log_dir"]
+    records not delivered, ``files`` of them in handoff files (``timeout``: the run's
+    ``export.shutdown_timeout``)."""
     _log.warning(
         "otel-rl: %s: %d record(s) not delivered before the shutdown timeout "
         "(export.shutdown_timeout: %g s; the delivery process was killed there).%s",
-        name, left, cfg["export"]["shutdown_timeout"],
+        name, left, timeout,
         replay_hint(spool_dir, log_dir) if not files else
         f" {left - files} are in the spool ({spool_dir}), {files} in "
         f"handoff files ({handoff_dir}); deliver them with: otel-rl replay {log_dir}",
@@ -117,3 +118,29 @@ def say_lines_unsaid(left: int) -> None:
         f"otel-rl: {left} log line(s) of the delivery process were not said by the run's "
         "deadline: a handler of the otel_rl logger is slow\n"
     )
+
+
+# ---- said by the delivery process --------------------------------------------------------------
+
+
+def say_message_unreadable(exc: Exception) -> None:
+    _log.warning("otel-rl: a message from the training process cannot be read in the delivery "
+                 "process (%s: %s); skipped", type(exc).__name__, exc)  # fmt: skip
+
+
+def say_record_unreadable(name: str, exc: Exception) -> None:
+    """Once per tracker: the records after it go on."""
+    _log.warning(
+        "otel-rl: %s: a record from the training process cannot be read in the delivery "
+        "process (%s: %s); it is set aside, later records go on",
+        name, type(exc).__name__, exc,
+    )  # fmt: skip
+
+
+def say_handoff_unreadable(path: Path, exc: OSError) -> None:
+    _log.warning("otel-rl: the delivery process cannot read %s (%s); its records are lost",
+                 path, exc)  # fmt: skip
+
+
+def say_setup_failed(name: str, exc: Exception) -> None:
+    _log.warning("otel-rl: %s: setting up the tracker failed: %s", name, exc)

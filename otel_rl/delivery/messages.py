@@ -56,6 +56,14 @@ def lost_message(name: str, lost: dict[str, int]) -> str:
     )
 
 
+def refused_message(name: str, kind: str, key: str, reason: str) -> str:
+    """A value the tracker refused for good (said once per key; the record's others arrived)."""
+    return (
+        f"{name}: the tracker refused {kind} {key!r}, skipped (the record's other values were "
+        f"delivered; further refusals are counted in stats['refused_values']): {reason}"
+    )
+
+
 def undelivered_message(
     name: str,
     *,

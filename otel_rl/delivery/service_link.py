@@ -69,7 +69,7 @@ from otel_rl.delivery.link_writer import FrameWriter
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.process.deadline import Deadline
 
-__all__ = ["CHILD_GRACE", "ServiceLink", "ServiceTracker", "apply_to_tracker"]
+__all__ = ["CHILD_GRACE", "ServiceLink", "ServiceTracker"]
 
 
 class ServiceLink:
@@ -252,9 +252,12 @@ class ServiceTracker:
 
     started = True
     failure = None
+    tracker = None  # it lives in the delivery process
 
     def __init__(self, link: ServiceLink, tracker_class: type[Any]) -> None:
         self.link = link
+        #: One frame carries a record for all the trackers of the delivery process.
+        self.route = link
         self.name: str = tracker_class.name
         #: The class of the tracker in the delivery process (what it supports, e.g. tables).
         self.tracker_class = tracker_class
@@ -307,17 +310,10 @@ class ServiceTracker:
     def force_flush(self, timeout_millis: float = 30_000) -> bool:
         return self.link.flush(timeout_millis / 1000)
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self.link.finish(Deadline(timeout_millis / 1000), int(kwargs.get("exit_code", 0) or 0))
+    def apply(self, setup: Callable[[Any], object]) -> None:
+        """Run ``setup(tracker)`` in the delivery process (``setup`` must be a module-level
+        function)."""
+        self.link.setup(self.name, setup)
 
     def abandon_after_fork(self) -> None:
         self.link.abandon_after_fork()
-
-
-def apply_to_tracker(exporter: Any, setup: Callable[[Any], object]) -> None:
-    """Run ``setup(tracker)`` where the tracker lives: on the exporter here, or in the delivery
-    process (``export.delivery: process``; ``setup`` must then be a module-level function)."""
-    if isinstance(exporter, ServiceTracker):
-        exporter.link.setup(exporter.name, setup)
-    else:
-        setup(exporter)

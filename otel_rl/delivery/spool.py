@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_rl.core.records import Record, StepBatch
+from otel_rl.core.records import StepBatch, record_from_fields, record_json
 
 SPOOL_DIRNAME = ".otel-rl/spool"
 _SEGMENT_RECORDS = 20_000
@@ -199,20 +199,9 @@ class CorruptRecord(ValueError):
 
 
 def encode_record(seq: int, record: Any) -> str:
-    """One JSON line for ``record``. A step's body is encoded once and kept on the batch: every
-    tracker's spool writes the same line but for its ``seq``, which ends it."""
-    body = getattr(record, "spool_body", None)
-    if body is None:
-        if isinstance(record, Record):
-            fields = {"kind": record.kind, **record.encode()}
-            if record.intake is not None:
-                fields["intake"] = list(record.intake)
-        else:  # an object of a third party's own: delivered live, not replayable
-            fields = {"kind": "opaque", "type": type(record).__name__}
-        body = json.dumps(fields, separators=(",", ":"), default=str)
-        if isinstance(record, StepBatch):
-            record.spool_body = body
-    return f'{body[:-1]},"seq":{seq}}}\n'
+    """One line for ``record``: the record's JSON (:func:`~otel_rl.core.records.record_json`,
+    encoded once per step for every tracker's spool), ended by its ``seq``."""
+    return f'{record_json(record)[:-1]},"seq":{seq}}}\n'
 
 
 def decode_record(line: str) -> tuple[int, Any]:
@@ -224,14 +213,10 @@ def decode_record(line: str) -> tuple[int, Any]:
         body = json.loads(line)
         if not isinstance(body, dict):
             raise TypeError(f"a JSON {type(body).__name__}, not an object")
-        seq, kind = body["seq"], body["kind"]
+        seq = body["seq"]
         if type(seq) is not int or seq < 1:
             raise TypeError(f"seq {seq!r} is not a positive integer")
-        if kind == "opaque":
-            return seq, None
-        if kind not in Record.kinds:
-            raise TypeError(f"unknown record kind {kind!r}")
-        return seq, Record.kinds[kind].decode(body)
+        return seq, record_from_fields(body)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         if isinstance(exc, CorruptRecord):
             raise

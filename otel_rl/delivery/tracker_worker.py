@@ -22,7 +22,8 @@ from otel_rl.core.failures import Failure
 from otel_rl.delivery.messages import stopped_message
 from otel_rl.delivery.record_queue import RecordQueue
 from otel_rl.delivery.spool import Spool
-from otel_rl.delivery.writer import Tracker, TrackerWriter
+from otel_rl.delivery.tracker import Tracker
+from otel_rl.delivery.writer import TrackerWriter
 from otel_rl.process.fork_safe_log import log as _log
 
 __all__ = ["Awaitable", "Feed", "TrackerWorker"]

@@ -1,51 +1,26 @@
 """Writing records to one tracker: shared by a channel's worker and by ``otel-rl replay``.
 
-The writer calls the tracker's verbs directly (a :class:`Tracker` is any object with them,
-``otel_rl.exporters.TrackerExporter`` first of all). It opens the tracker once, writes a batch
-all or nothing (or knows how far it got), notices steps that go backwards, classifies every error
-(:mod:`otel_rl.core.failures`) and sets aside a record the tracker refuses, so that one bad
-record never holds back the ones after it.
+The writer calls the tracker's verbs (:class:`~otel_rl.delivery.tracker.Tracker`) directly. It
+opens the tracker once, writes a batch all or nothing (or knows how far it got), notices steps
+that go backwards, classifies every error (:mod:`otel_rl.core.failures`) and sets aside a record
+the tracker refuses, so that one bad record never holds back the ones after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 from weakref import WeakSet
 
 from otel_rl.core.failures import Failure, count_loss
 from otel_rl.core.records import Record, StepBatch
 from otel_rl.delivery.step_order import StepOrder
+from otel_rl.delivery.tracker import Tracker
 from otel_rl.process.fork_safe_log import log as _log
 
 #: ``note(first_seq, last_seq, records, position)``: where the tracker's output stood before a
 #: write (the spool's attempt line, which replay's duplicate check reads).
 NoteAttempt = Callable[[int, int, int, Any], None]
-
-
-class Tracker(Protocol):
-    """What a channel and its writer need of a tracker; the calls are all made on one thread
-    (the channel's worker, or ``otel-rl replay``'s)."""
-
-    resume_config: dict[str, Any]
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def max_batch(self) -> int: ...
-    @property
-    def backwards_policy(self) -> str: ...
-    @property
-    def repeat_is_backwards(self) -> bool: ...
-
-    def open(self) -> None: ...
-    def continue_run(self, resume_config: Mapping[str, Any]) -> None: ...
-    def write_step(self, step: int, rows: Mapping[str, Any], batch: StepBatch) -> None: ...
-    def write_batches(self, batches: Sequence[StepBatch]) -> None: ...
-    def flush_backend(self) -> None: ...
-    def close(self, exit_code: int) -> None: ...
-    def classify_error(self, exc: BaseException, phase: str) -> Failure: ...
-    def write_position(self) -> Any: ...
 
 
 class TrackerWriter:
@@ -56,8 +31,6 @@ class TrackerWriter:
         tracker: Tracker,
         stats: dict[str, int],
         warn_once: Callable[..., None],
-        *,
-        batches_one_by_one: bool,
     ) -> None:
         self.tracker = tracker
         self.name = tracker.name
@@ -65,13 +38,13 @@ class TrackerWriter:
         self._warn_once = warn_once
         # A tracker without its own write_batches gets one write_step per batch, and a failure
         # half-way says how far it got, so that a retry never writes a step twice.
-        self._one_by_one = batches_one_by_one
+        self._one_by_one = type(tracker).write_batches is Tracker.write_batches
         self.order = StepOrder(repeat_is_backwards=tracker.repeat_is_backwards)
         self._noted: WeakSet[StepBatch] = WeakSet()  # order checked (a retry sends them again)
         self.opened = False
 
     def write(
-        self, items: list[tuple[int | None, Any]], note: NoteAttempt | None = None
+        self, items: Sequence[tuple[int | None, Any]], note: NoteAttempt | None = None
     ) -> tuple[int, Failure | None]:
         """Write ``items`` (``(seq, record)`` pairs); returns how many at the head are done
         (written or set aside) and the failure that stopped the rest, if any.
@@ -150,7 +123,9 @@ class TrackerWriter:
         except Exception as exc:
             _log.warning("otel-rl: %s: close failed: %s", self.name, exc)
 
-    def _note(self, items: list[tuple[int | None, Any]], records: int, note: NoteAttempt) -> None:
+    def _note(
+        self, items: Sequence[tuple[int | None, Any]], records: int, note: NoteAttempt
+    ) -> None:
         seqs = [seq for seq, _ in items if seq is not None]
         if not seqs:
             return

@@ -16,8 +16,8 @@ that has the GPU, and logged at INFO.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from otel_rl.core.records import StepBatch
 from otel_rl.delivery.fanout import Fanout
@@ -29,6 +29,27 @@ from otel_rl.ray.scraper import Collection, RayNodeScraper
 AXIS = "ray/ray_step"
 #: OTel instrumentation scope of the GPU gauges and scrape telemetry.
 SCOPE = "otel_rl.ray"
+
+
+class GpuMonitoringSection(Protocol):
+    """The ``gpu_monitoring:`` section of the typed logger config."""
+
+    @property
+    def endpoints(self) -> Sequence[str]: ...
+    @property
+    def collection_interval(self) -> float: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def flush_interval(self) -> float: ...
+
+
+class GpuMonitoringConfig(Protocol):
+    """What :meth:`GpuMonitor.from_config` reads of the typed logger config
+    (``otel_rl.config.schema.LoggerSettings``, a layer above this one)."""
+
+    @property
+    def gpu_monitoring(self) -> GpuMonitoringSection: ...
 
 
 class GpuMonitor:
@@ -68,23 +89,21 @@ class GpuMonitor:
     @classmethod
     def from_config(
         cls,
-        cfg: Mapping[str, Any],
+        cfg: GpuMonitoringConfig,
         *,
         meter_provider: Any = None,
         exporters: Fanout | Sequence[Any] = (),
     ) -> GpuMonitor:
-        """Build from a resolved logger config (its ``gpu_monitoring`` section)."""
-        gpu = cfg["gpu_monitoring"]
+        """Build from the typed logger config (its ``gpu_monitoring`` section)."""
+        gpu = cfg.gpu_monitoring
         scraper = RayNodeScraper(
-            gpu.get("endpoints") or (),
-            interval=float(gpu["collection_interval"]),
-            timeout=float(gpu["timeout"]),
+            gpu.endpoints or (), interval=gpu.collection_interval, timeout=gpu.timeout
         )
         return cls(
             scraper,
             meter_provider=meter_provider,
             exporters=exporters,
-            flush_interval=float(gpu["flush_interval"]),
+            flush_interval=gpu.flush_interval,
         )
 
     def start(self) -> None:

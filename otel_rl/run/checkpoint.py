@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from otel_rl.core.records import StepBatch
-from otel_rl.delivery.fanout import Fanout
+from otel_rl.delivery.fanout import Delivery, Fanout
 from otel_rl.process.fork_safe_log import log as _log
 
 
@@ -60,6 +59,6 @@ class PendingStepCheckpointer:
                     _log.warning("otel-rl: cannot checkpoint the pending step: %s", exc)
 
 
-def _spooled(exporter: Any) -> bool:
-    """A checkpoint is for the spools only: exporters without one never see it."""
-    return getattr(exporter, "spool_dir", None) is not None
+def _spooled(delivery: Delivery) -> bool:
+    """A checkpoint is for the spools only: trackers without one never see it."""
+    return delivery.spool_dir is not None

@@ -32,13 +32,16 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_rl.core.errors import ConfigError
 from otel_rl.core.paths import folder_name
 from otel_rl.delivery.spool import attempts_of, private_dirs, tracker_runs_of
 from otel_rl.process.deadline import Deadline
 from otel_rl.process.fork_safe_log import log as _log
+
+if TYPE_CHECKING:
+    from otel_rl.config.schema import LoggerSettings
 
 RESUME_MODES = ("auto", "never", "must")
 RUNS_DIRNAME = ".otel-rl/runs"
@@ -118,15 +121,15 @@ class RunHistory:
         return cls(absolute, run_id, launches, mode, earlier)
 
     @classmethod
-    def of_launch(cls, cfg: Mapping[str, Any]) -> RunHistory:
+    def of_launch(cls, cfg: LoggerSettings) -> RunHistory:
         """The history as the launch whose resolved config is ``cfg`` began it (in the delivery
         process too, which has only the config)."""
-        log_dir = Path(cfg["log_dir"]).absolute()
-        run_id, attempt = str(cfg["run_id"]), int(cfg.get(ATTEMPT_KEY, 1))
+        log_dir = Path(cfg.log_dir).absolute()
+        run_id, attempt = str(cfg.run_id), cfg.attempt
         launches = _read_launches(runs_root(log_dir) / folder_name(run_id) / "launches.jsonl")
         earlier = [x for x in launches if x.attempt < attempt]
         history = cls(log_dir, run_id, earlier, "auto", attempt - 1)
-        history.launch = str(cfg.get(LAUNCH_KEY))
+        history.launch = str(cfg.launch)
         return history
 
     def record(self) -> None:
@@ -167,13 +170,17 @@ class RunHistory:
         return tracker_runs_of(self.log_dir, self.run_id) if self.resumed else {}
 
 
-def continue_tracker_runs(cfg: dict[str, Any], runs: Mapping[str, Mapping[str, Any]]) -> None:
+def continue_tracker_runs(
+    cfg: LoggerSettings, runs: Mapping[str, Mapping[str, Any]]
+) -> None:
     """Merge the previous launch's tracker runs into ``cfg``; what the user set wins (a run id
     given by hand names the run to continue)."""
     for section, settings in runs.items():
-        own = cfg.get(section)
-        if isinstance(own, dict):
-            cfg[section] = {**settings, **own}
+        if section not in type(cfg).model_fields:
+            continue  # not an otel-rl tracker's section
+        own = cfg.tracker_section(section)
+        if isinstance(own, dict):  # a section handed to the tracker as given (wandb:, mlflow:)
+            setattr(cfg, section, {**settings, **own})
 
 
 class PreviousLaunch:

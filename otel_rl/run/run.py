@@ -12,14 +12,15 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from otel_rl.core.keys import KeyRegistry
 from otel_rl.core.records import OWN_SCOPE
 from otel_rl.core.redaction import Patterns
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.delivery.options import ExportOptions
+from otel_rl.delivery.tracker import Tracker
 from otel_rl.process import lifecycle
 from otel_rl.process.deadline import (
     SHUTDOWN_GRACE,
@@ -38,30 +39,33 @@ from otel_rl.telemetry.routing import global_router
 from otel_rl.telemetry.self_telemetry import install_self_telemetry
 from otel_rl.telemetry.tracing import StepSpans, build_tracer_provider
 
+if TYPE_CHECKING:
+    from otel_rl.config.schema import LoggerSettings
+
 
 class Run:
     """The parts of one run (``cfg`` resolved, ``run_id`` chosen) and their lifecycle.
 
-    ``exporters`` are the trackers' exporters in order, ``pipeline`` the OTel side,
+    ``exporters`` are the trackers' deliveries in order, ``pipeline`` the OTel side,
     ``steps`` the pending step, ``keys`` the run's keys and instrument names, ``stats`` the
     Logger's public counters, ``sources`` the monitors and the stall watch.
     """
 
     def __init__(
         self,
-        cfg: Mapping[str, Any],
-        exporters: Sequence[Any],
+        cfg: LoggerSettings,
+        exporters: Sequence[Tracker],
         *,
         run_id: str,
         redaction: Patterns,
         report: Callable[[object, str], None],
     ) -> None:
-        export = cfg["export"]
+        export = cfg.export
         self.run_id = run_id
         #: Weak references to the objects the run is used through (the Logger): in a fork
         #: child, their verbs are disabled with the run's (``otel_rl.process.lifecycle``).
         self.facades: list[weakref.ref[Any]] = []
-        self.shutdown_timeout = float(export["shutdown_timeout"])
+        self.shutdown_timeout = export.shutdown_timeout
         options = ExportOptions.from_section(export)
         self.trackers = RunTrackers(cfg, exporters, run_id=run_id, redaction=redaction,
                                     options=options)  # fmt: skip
@@ -75,16 +79,16 @@ class Run:
             self.pipeline.shutdown(timeout=1.0)
             raise
         self.fanout = Fanout(self.exporters)
-        otlp = cfg["otlp"] if cfg["otlp"]["enabled"] else None
+        otlp = cfg.otlp if cfg.otlp.enabled else None
         #: Spans of timers (``tracing.enabled``); ``None`` when tracing is off.
         self.tracer_provider = build_tracer_provider(
-            cfg["tracing"]["enabled"], otlp, self.pipeline.resource
+            cfg.tracing.enabled, otlp, self.pipeline.resource
         )
         # One ``rl.step`` span per training step, parent of the step's timers (docs/tracing.md).
         self.step_spans = (
             StepSpans(self.tracer_provider, run_id=run_id) if self.tracer_provider else None
         )
-        self._router = global_router() if cfg["capture_global_meters"] else None
+        self._router = global_router() if cfg.capture_global_meters else None
         if self._router is not None:
             self._router.route_to(self.pipeline.provider)
         self.keys = KeyRegistry()
@@ -112,7 +116,7 @@ class Run:
         self._ended = threading.Event()
         # Signals raise only at safe points, sys.exit codes reach atexit, fork children abandon
         # the run. Registered before our atexit drain, whose hooks then run after it.
-        lifecycle.register(self, handle_signals=bool(export["handle_signals"]))
+        lifecycle.register(self, handle_signals=export.handle_signals)
         self._atexit = weak_atexit(self, lambda run: run.finish(exit_code_hint()))
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -191,7 +195,5 @@ class Run:
         self.steps.abandon_after_fork()
         if self._router is not None:
             self._router.unroute(self.pipeline.provider)
-        for exporter in self.exporters:
-            abandon = getattr(exporter, "abandon_after_fork", None)
-            if abandon is not None:
-                abandon()
+        for delivery in self.exporters:
+            delivery.abandon_after_fork()

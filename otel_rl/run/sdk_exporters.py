@@ -20,9 +20,17 @@ def sdk_exporter_class(name: str) -> type:
     """The zero-argument exporter class for the tracker registered as ``name``."""
     cls = _CLASSES.get(name)
     if cls is None:
+        from otel_rl.core.errors import ConfigError
         from otel_rl.delivery.registry import exporter_class
+        from otel_rl.exporters.base import TrackerExporter
 
         base = exporter_class(name)
+        if not issubclass(base, TrackerExporter):
+            raise ConfigError(
+                f"OTEL_METRICS_EXPORTER={name}: {base.__module__}.{base.__qualname__} is a "
+                "Tracker, and an OTel reader needs a MetricExporter: subclass "
+                "otel_rl.exporters.TrackerExporter to be built this way"
+            )
 
         def __new__(klass: type, **overrides: Any) -> Any:
             from otel_rl.config.env import config_from_env, exporter_options_from_env
@@ -31,9 +39,10 @@ def sdk_exporter_class(name: str) -> type:
             options = {**exporter_options_from_env(), **overrides}
             # No Logger attaches a spool here, so a full queue cannot wait on disk: it drops its
             # oldest record (or blocks, when export.on_full says so), without a warning.
-            full = cfg["export"]["on_full"]
+            full = cfg.export.on_full
             options.setdefault("on_full", "block" if full == "block" else "drop_oldest")
-            # An instance of ``base``, not of ``klass``: Python then skips ``__init__`` here.
+            # An instance of ``base``, not of ``klass``: Python then skips ``__init__`` here. The
+            # typed config reads as the mapping ``from_config`` takes.
             return base.from_config(cfg, **options)
 
         cls = type(

@@ -1,272 +1,31 @@
-"""The delivery process (``export.delivery: process``): the run's trackers, away from training.
-
-Started by :class:`~otel_rl.delivery.service_link.ServiceLink` as
-``python -m otel_rl.run.service <records fd> <status fd>``. It builds the trackers the run's
-config enables, each with its channel and spool as a training process would, feeds them the
-records read from the pipe, reports their counters, and ends the run when told (or, when the
-training process died without telling, once the pipe is empty: closed as killed, exit code 137).
-"""
+"""The delivery process (``export.delivery: process``):
+``python -m otel_rl.run.service <records fd> <status fd>``, started by the training process's
+:class:`~otel_rl.delivery.service_link.ServiceLink`. Its machinery is the delivery layer's
+(``otel_rl/delivery/delivery_process.py``); this entry point gives it the run's trackers, built
+from the run's config as a training process builds them (:class:`RunTrackers`, here in the run
+layer, above delivery)."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import json
-import logging
-import os
-import signal
-import sys
-import threading
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import IO, Any
+from collections.abc import Mapping
+from typing import Any
 
-from otel_rl.core.errors import ConfigError
-from otel_rl.core.failures import count_loss
+from otel_rl.config.schema import LoggerSettings
 from otel_rl.core.redaction import compile_patterns
-from otel_rl.delivery.fanout import Fanout
-from otel_rl.delivery.frames import decode_record, read_frames
-from otel_rl.delivery.intake import forget_launch
-from otel_rl.delivery.link_child import CHILD_GRACE
+from otel_rl.delivery.delivery_process import main
 from otel_rl.delivery.options import ExportOptions
-from otel_rl.delivery.spool import spool_for
-from otel_rl.process.cores import keep_process_to
-from otel_rl.process.deadline import Deadline, stop_in_parallel
-from otel_rl.process.fork_safe_log import log as _log
-from otel_rl.process.lifecycle import KILLED_EXIT_CODE
 from otel_rl.run.trackers import RunTrackers
 
-_STATS_EVERY = 0.25
-_NICENESS = 10
 
-
-def messages(records_fd: int) -> Iterator[tuple[Any, ...]]:
-    """The messages of the records pipe, with the handoff files it names read in their place,
-    and, once the pipe ends, the training process's files it never named (it was killed while
-    the pipe was full): nothing it handed over is left unread. After a file's frames comes
-    ``("read", path)``: the file may go once every spool holds them (:class:`Intake`)."""
-    incoming = read_frames(records_fd)
-    hello = next(incoming, None)
-    if hello is None or hello[0] != "hello":
-        return
-    yield hello
-    read: set[str] = set()
-    for message in incoming:
-        if message[0] == "handoff":
-            read.add(message[1])
-            yield from _handoff(Path(message[1]))
-        else:
-            yield message
-    folder, pid = hello[1].get("handoff_dir"), hello[1].get("pid")
-    if folder is not None:
-        left = [p for p in Path(folder).glob(f"handoff-{pid}-*.frames") if str(p) not in read]
-        for path in sorted(left, key=lambda p: int(p.stem.rsplit("-", 1)[1])):
-            yield from _handoff(path)
-
-
-def _handoff(path: Path) -> Iterator[tuple[Any, ...]]:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        _log.warning("otel-rl: the delivery process cannot read %s (%s); its records are "
-                     "lost", path, exc)  # fmt: skip
-        return
-    try:
-        yield from read_frames(fd)  # a frame cut short by a kill, at its end, is not read
-    finally:
-        os.close(fd)
-    yield ("read", path)
-
-
-class Intake:
-    """How far every spool has got with the frames read: the training process keeps the frames
-    the pipe gave until then, and a handoff file stays until then (otel_rl/delivery/intake.py).
-    """
-
-    def __init__(self, exporters: Sequence[Any]) -> None:
-        self._exporters = exporters
-        self.handed = 0  # the number of the last record frame handed to the trackers
-        self._files: list[tuple[int, Path]] = []  # read whole: (its last frame, path)
-        self._lock = threading.Lock()
-
-    def read(self, path: Path) -> None:
-        with self._lock:
-            self._files.append((self.handed, path))
-
-    def spooled_through(self) -> int:
-        """Every frame up to this number is in every spool it was sent to. Deletes the handoff
-        files read whole up to there."""
-        handed = self.handed  # first: a frame handed on meanwhile is in a channel, or spooled
-        through = min((e.intake_spooled(handed) for e in self._exporters), default=handed)
-        with self._lock:
-            done = [path for last, path in self._files if last <= through]
-            self._files = [(last, path) for last, path in self._files if last > through]
-        for path in done:
-            path.unlink(missing_ok=True)
-        return through
-
-
-class Status:
-    """JSON lines to the training process, from any thread."""
-
-    def __init__(self, fd: int) -> None:
-        self._file: IO[str] = os.fdopen(fd, "w", encoding="utf-8")
-        self._lock = threading.Lock()
-
-    def send(self, **message: Any) -> bool:
-        """False when the training process is gone (this one delivers all the same)."""
-        with self._lock:
-            try:
-                self._file.write(json.dumps(message) + "\n")
-                self._file.flush()
-            except (OSError, ValueError):
-                return False
-            return True
-
-
-class LogToTrainingProcess(logging.Handler):
-    """otel-rl's own log lines, said in the training process through its ``otel_rl`` logger (the
-    user's handlers, format and levels apply as in thread mode); on stderr once it is gone."""
-
-    def __init__(self, status: Status) -> None:
-        super().__init__()
-        self._status = status
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-            if not self._status.send(log=[record.levelno, text]):
-                sys.stderr.write(text + "\n")
-        except Exception:
-            self.handleError(record)
-
-
-def status_of(exporters: Sequence[Any], intake: Intake) -> dict[str, Any]:
-    """Each tracker's counters, its run as ``resume_config`` names it (e.g. MLflow's run id,
-    known once the tracker has opened it), and how far the spools have got."""
-    return {
-        "stats": {e.name: {**e.stats, "pending": e.pending} for e in exporters},
-        "runs": {e.name: e.resume_config for e in exporters if getattr(e, "resume_config", None)},
-        "intake": intake.spooled_through(),
-    }
-
-
-def unreadable(exporters: Sequence[Any], exc: Exception, warned: set[str]) -> None:
-    """A record the training process sent that cannot be read here: counted as refused."""
-    for exporter in exporters:
-        exporter.stats["submitted"] = exporter.stats.get("submitted", 0) + 1
-        count_loss(exporter.stats, "refused")
-        if exporter.name not in warned:
-            warned.add(exporter.name)
-            _log.warning(
-                "otel-rl: %s: a record from the training process cannot be read in the delivery "
-                "process (%s: %s); it is set aside, later records go on",
-                exporter.name, type(exc).__name__, exc,
-            )  # fmt: skip
-
-
-def serve(records_fd: int, status: Status) -> int:
-    incoming = messages(records_fd)
-    hello = next(incoming, None)
-    if hello is None or hello[0] != "hello":
-        return 2
-    settings = hello[1]
-    keep_process_to(settings.get("cores"))  # off the training thread's core
-    own_log = logging.getLogger("otel_rl")
-    own_log.addHandler(LogToTrainingProcess(status))
-    own_log.setLevel(settings["log_level"])  # the training process's: it says the lines
-    own_log.propagate = False
-    cfg = settings["cfg"]
-    os.chdir(settings["cwd"])
-    spool_for(int(settings["pid"]))
-    here = set(settings["sys_path"])
-    sys.path[:] = [*settings["sys_path"], *(p for p in sys.path if p not in here)]
-    importlib.invalidate_caches()
-    try:
-        trackers = RunTrackers(
-            cfg, (), run_id=settings["run_id"], here=True,
-            options=ExportOptions.from_section(cfg["export"]),
-            redaction=compile_patterns(tuple(cfg["redaction"]["extra_patterns"])),
-        )  # fmt: skip
-        trackers.start()
-    except Exception as exc:  # a ConfigError is raised as it is in the training process
-        status.send(error=str(exc), config_error=isinstance(exc, ConfigError))
-        return 1
-    exporters = trackers.exporters
-    fanout = Fanout(exporters)
-    intake = Intake(exporters)
-    launch = str(settings["launch"])
-    status.send(started=True, spools={
-        e.name: None if e.spool_dir is None else str(e.spool_dir) for e in exporters
-    })  # fmt: skip
-    done = threading.Event()
-
-    def report() -> None:
-        while not done.wait(_STATS_EVERY):
-            status.send(**status_of(exporters, intake))
-
-    threading.Thread(target=report, name="otel-rl-delivery-stats", daemon=True).start()
-    warned: set[str] = set()
-    exit_code, seconds = KILLED_EXIT_CODE, float(cfg["export"]["shutdown_timeout"])
-    for message in incoming:
-        if message[0] == "rec":
-            try:
-                record = decode_record(message[2])
-            except Exception as exc:  # an object this process cannot rebuild: costs only itself
-                unreadable(fanout.select(message[1]), exc, warned)
-                intake.handed = message[3]
-                continue
-            # Spooled with the record: a frame also kept in a file is spooled once.
-            object.__setattr__(record, "intake", (launch, message[3]))
-            fanout.send(record, to=message[1])
-            intake.handed = message[3]
-        elif message[0] == "read":
-            intake.read(message[1])
-        elif message[0] == "setup":  # e.g. verl's MLflow metric names (compat/verl.py)
-            tracker = fanout.named(message[1])
-            try:
-                if tracker is not None:
-                    message[2](tracker)
-            except Exception as exc:
-                _log.warning("otel-rl: %s: setting up the tracker failed: %s", message[1], exc)
-        elif message[0] == "flush":
-            deadline = Deadline(float(message[2]))
-            ok = all(e.force_flush(timeout_millis=deadline.left() * 1000) for e in exporters)
-            status.send(flushed=message[1], ok=ok, **status_of(exporters, intake))
-        elif message[0] == "end":
-            exit_code, seconds = int(message[1]), float(message[2])
-            break
-    deadline = Deadline(seconds)
-    stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + CHILD_GRACE)
-    done.set()
-    status.send(**status_of(exporters, intake),
-                finished={e.name: int(e.undelivered) for e in exporters})  # fmt: skip
-    if exit_code == KILLED_EXIT_CODE and settings.get("handoff_dir"):  # its training process died
-        forget_launch(Path(settings["handoff_dir"]), int(settings["pid"]))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    # The training process ends the run: a terminal's Ctrl-C or a scheduler's SIGTERM to every
-    # process of the job must not cut the delivery short (SIGKILL still does; the spool keeps it).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Background work: on a machine whose cores are all busy, the scheduler lets the training
-    # process go first (the delivery catches up whenever training waits on anything).
-    with contextlib.suppress(OSError):
-        os.nice(_NICENESS)
-    # This process leads a session of its own: where the kernel groups the tasks of a session
-    # (autogroup), a task's nice value counts only inside its group, and the group's does
-    # between groups: the group's is lowered too.
-    with contextlib.suppress(OSError):
-        Path("/proc/self/autogroup").write_text(str(_NICENESS))
-    code = serve(int(args[0]), Status(int(args[1])))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Tracker SDKs may leave non-daemon threads: the run is closed, nothing is left to wait for.
-    os._exit(code)
+def run_trackers(settings: Mapping[str, Any]) -> RunTrackers:
+    """The trackers the training process's config enables, here where they run (``here``)."""
+    cfg: LoggerSettings = settings["cfg"]  # the training process's, launch included
+    return RunTrackers(
+        cfg, (), run_id=settings["run_id"], here=True,
+        options=ExportOptions.from_section(cfg.export),
+        redaction=compile_patterns(tuple(cfg.redaction.extra_patterns)),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    main(run_trackers)

@@ -16,9 +16,10 @@ from otel_rl.delivery.fanout import Fanout
 from otel_rl.process.deadline import Deadline, Part
 from otel_rl.run.checkpoint import PendingStepCheckpointer
 from otel_rl.run.steps import StepAssembler
-from otel_rl.telemetry.pipeline import Pipeline
+from otel_rl.telemetry.pipeline import Pipeline, not_typed
 
 if TYPE_CHECKING:
+    from otel_rl.config.schema import LoggerSettings, RolloutMonitoringSection
     from otel_rl.watch.run_watch import RunWatch
 
 #: The x-axis of rollout rows (docs/rollout-monitoring.md).
@@ -31,7 +32,7 @@ class RunSources:
 
     def __init__(
         self,
-        cfg: Mapping[str, Any],
+        cfg: Mapping[str, Any] | LoggerSettings,
         *,
         run_id: str,
         pipeline: Pipeline,
@@ -39,27 +40,31 @@ class RunSources:
         steps: StepAssembler,
         step_spans: Any,
     ) -> None:
+        from otel_rl.config.schema import LoggerSettings  # resolved already: no import cost here
+
+        if not isinstance(cfg, LoggerSettings):
+            raise not_typed(cfg)
         self._run_id = run_id
         self._pipeline = pipeline
         self._fanout = fanout
         # Copies the step still being logged to the spools, so that a crash during a long
         # step loses at most export.fsync_interval of it (docs/reliability.md).
         self.checkpointer = PendingStepCheckpointer(
-            float(cfg["export"]["fsync_interval"]) / 2, steps.snapshot, fanout
+            cfg.export.fsync_interval / 2, steps.snapshot, fanout
         )
         self.checkpointer.start()
         self.gpu_monitor: Any = None
-        if cfg["monitor_gpus"]:
+        if cfg.monitor_gpus:
             from otel_rl.ray.bridge import GpuMonitor
 
             self.gpu_monitor = GpuMonitor.from_config(
                 cfg, meter_provider=pipeline.side_provider, exporters=fanout
             )
             self.gpu_monitor.start()
-        self.rollout_monitor: Any = self._rollout_monitor(cfg["rollout_monitoring"])
+        self.rollout_monitor: Any = self._rollout_monitor(cfg.rollout_monitoring)
         if self.rollout_monitor is not None:
             steps.on_seal.append(self.rollout_monitor.mark_step)
-        self.watch: RunWatch | None = self._watch(cfg, Path(cfg["log_dir"]), step_spans)
+        self.watch: RunWatch | None = self._watch(cfg, Path(cfg.log_dir), step_spans)
 
     def flush(self, deadline: Deadline) -> bool:
         """Hand the GPU rows held to the trackers, and scrape the engines once more so the
@@ -83,16 +88,16 @@ class RunSources:
             parts.append(("rollout monitor", lambda: rollout.close(timeout=deadline.left())))
         return parts
 
-    def _rollout_monitor(self, section: Mapping[str, Any]) -> Any:
-        enabled = section["enabled"]
-        wanted = section["endpoints"] or section.get("source") == "ray"
+    def _rollout_monitor(self, section: RolloutMonitoringSection) -> Any:
+        enabled = section.enabled
+        wanted = section.endpoints or section.source == "ray"
         if not (wanted if enabled is None else enabled):
             return None
         from otel_rl.rollout import RolloutMonitor
 
-        monitor = RolloutMonitor.from_config(section, emit=self._emit_rollout)
-        if section["sd_file"]:
-            monitor.keep_sd_file(section["sd_file"], {"otel_rl_run_id": self._run_id})
+        monitor = RolloutMonitor.from_config(dict(section), emit=self._emit_rollout)
+        if section.sd_file:
+            monitor.keep_sd_file(section.sd_file, {"otel_rl_run_id": self._run_id})
         return monitor
 
     def _emit_rollout(self, step: int, values: dict[str, float]) -> None:
@@ -101,16 +106,16 @@ class RunSources:
         step: W&B plots them against it, the other trackers at the step itself."""
         self._fanout.send(StepBatch(step=step, values=values, axis=ROLLOUT_AXIS))
 
-    def _watch(self, cfg: Mapping[str, Any], log_dir: Path, step_spans: Any) -> RunWatch:
+    def _watch(self, cfg: LoggerSettings, log_dir: Path, step_spans: Any) -> RunWatch:
         from otel_rl.watch.run_watch import OtlpLogRecords, RunWatch
 
-        otlp = cfg["otlp"] if cfg["otlp"]["enabled"] else None
+        otlp = cfg.otlp if cfg.otlp.enabled else None
         gpu, pipeline, rollout = self.gpu_monitor, self._pipeline, self.rollout_monitor
         engines = None if rollout is None else rollout.engine_states
         watch = RunWatch(
             run_id=self._run_id,
             log_dir=log_dir,
-            section=cfg["stalls"],
+            section=cfg.stalls,
             send=self._fanout.send,
             step_spans=step_spans,
             log_records=OtlpLogRecords(otlp, pipeline.resource) if otlp else None,

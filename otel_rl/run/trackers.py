@@ -8,20 +8,22 @@ wait for ``otel-rl replay``.
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from otel_rl.config.schema import LoggerSettings, plain
 from otel_rl.core.errors import ConfigError
 from otel_rl.core.paths import folder_name
 from otel_rl.core.redaction import Patterns, redact_nested
+from otel_rl.delivery.channel import Channel
+from otel_rl.delivery.fanout import Delivery
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.registry import enabled_backends, exporter_class
-from otel_rl.delivery.service_link import ServiceLink, ServiceTracker
+from otel_rl.delivery.service_link import ServiceLink
 from otel_rl.delivery.spool import (
     SpoolBusy,
     handoff_dir,
@@ -30,6 +32,7 @@ from otel_rl.delivery.spool import (
     spools_of_run,
     waiting_records,
 )
+from otel_rl.delivery.tracker import Tracker
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, Part, stop_in_parallel
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.run.history import (
@@ -42,12 +45,14 @@ from otel_rl.run.history import (
 
 
 class RunTrackers:
-    """The tracker exporters of one run (``exporters``), in the order they were enabled."""
+    """The trackers of one run, each in its delivery (``exporters``), in the order they were
+    enabled: a :class:`~otel_rl.delivery.channel.Channel` around each tracker built here, or,
+    for the trackers of the delivery process, its stand-in."""
 
     def __init__(
         self,
-        cfg: Mapping[str, Any],
-        given: Sequence[Any],
+        cfg: LoggerSettings,
+        given: Sequence[Tracker],
         *,
         run_id: str,
         options: ExportOptions,
@@ -57,7 +62,7 @@ class RunTrackers:
         self._cfg = cfg
         self._run_id = run_id
         # The spools stay where log_dir is now, whatever the script's directory later.
-        self._log_dir = Path(cfg["log_dir"]).absolute()
+        self._log_dir = Path(cfg.log_dir).absolute()
         self._options = options
         self._redaction = redaction
         classes = [exporter_class(name) for name in enabled_backends(cfg)]
@@ -65,20 +70,23 @@ class RunTrackers:
         #: builds run there; those given as instances stay here), else None. ``here``: this is
         #: the delivery process.
         self.link: ServiceLink | None = None
-        if cfg["export"]["delivery"] == "process" and classes and not here:
+        if cfg.export.delivery == "process" and classes and not here:
             self.link = ServiceLink(
                 [sys.executable, "-m", "otel_rl.run.service"],
                 classes,
                 # sys.path: trackers (and their entry points) importable here are there too.
-                {"cfg": dict(cfg), "run_id": run_id, "cwd": os.getcwd(), "pid": os.getpid(),
+                {"cfg": cfg, "run_id": run_id, "cwd": os.getcwd(), "pid": os.getpid(),
+                 "log_dir": str(cfg.log_dir), "shutdown_timeout": options.shutdown_timeout,
                  "log_level": _log.getEffectiveLevel(), "sys_path": list(sys.path)},
                 options,
-                handoff_dir=handoff_dir(self._log_dir) if cfg["export"]["spool"] else None,
+                handoff_dir=handoff_dir(self._log_dir) if cfg.export.spool else None,
             )
-            self.exporters: list[Any] = list(self.link.trackers)
-        else:
-            self.exporters = [cls.from_config(cfg) for cls in classes]
-        self.exporters.extend(given)
+        #: The deliveries of the trackers built in this process (the config's, unless the
+        #: delivery process holds them, and those given).
+        self.local = [Channel.of(tracker) for tracker in _trackers(given)]
+        if self.link is None:
+            self.local[:0] = [Channel.of(cls.from_config(cfg)) for cls in classes]
+        self.exporters: list[Delivery] = [*(self.link.trackers if self.link else ()), *self.local]
         # The delivery process spools its trackers under their names: instances given here with
         # the same name spool beside them, as they would beside trackers built in this process.
         self._folders = {folder_name(name) for name in self.link.names} if self.link else set()
@@ -93,8 +101,8 @@ class RunTrackers:
                 self.link.start()
             else:  # the process that holds the run's trackers completes its earlier launches
                 self.previous = self._previous_launch()
-            for exporter in self.exporters:  # the same export.* for every exporter
-                self._attach(exporter)
+            for channel in self.local:  # the same export.* for every tracker
+                self._attach(channel)
             if self.previous is not None:  # this launch's spools are set up: none is replayed
                 self.previous.start()
         except BaseException:
@@ -105,11 +113,8 @@ class RunTrackers:
         """Each exporter's shutdown by ``deadline`` (drained, then closed with the exit code), and
         the delivery process's end."""
         parts: list[Part] = [
-            (f"tracker {getattr(e, 'name', type(e).__name__)}",
-             partial(_shutdown, e, deadline, exit_code))
-            for e in self.exporters
-            if not isinstance(e, ServiceTracker)
-        ]  # fmt: skip
+            (f"tracker {c.name}", partial(_shutdown, c, deadline, exit_code)) for c in self.local
+        ]
         if self.link is not None:
             parts.append((f"delivery process ({', '.join(self.link.names)})",
                           partial(self.link.finish, deadline, exit_code)))  # fmt: skip
@@ -123,60 +128,53 @@ class RunTrackers:
     def abandon(self) -> None:
         """The run failed to start: stop the trackers started so far (nothing was logged)."""
         deadline = Deadline(1.0)
-        local = [e for e in self.exporters if not isinstance(e, ServiceTracker)]
-        started = [e for e in local if getattr(e, "started", False)]
-        parts = [(f"tracker {e.name}", partial(_shutdown, e, deadline, 0)) for e in started]
+        started = [c for c in self.local if c.started]
+        parts = [(f"tracker {c.name}", partial(_shutdown, c, deadline, 0)) for c in started]
         if self.link is not None and self.link.process is not None:
             parts.append(("delivery process", partial(self.link.finish, deadline, 0)))
         stop_in_parallel(parts, deadline.at + SHUTDOWN_GRACE)
 
-    def _attach(self, exporter: Any) -> None:
-        if not hasattr(exporter, "attach"):
-            return  # a duck-typed exporter with its own delivery
-        if exporter.started:
+    def _attach(self, channel: Channel) -> None:
+        if channel.started:
             _log.warning(
                 "otel-rl: exporter %s was started before it was given to the Logger; it keeps "
-                "its own export options and spool", exporter.name,
+                "its own export options and spool", channel.name,
             )  # fmt: skip
             return
-        spool = self._spool_options(exporter.name)
-        # A tracker of one's own may override attach() without the redaction keyword.
-        accepts = inspect.signature(exporter.attach).parameters
-        if "redaction" in accepts:
-            spool["redaction"] = self._redaction
-        if self.previous is not None and "after" in accepts:
-            spool["after"] = self.previous
-        exporter.attach(self._options, **spool)
+        spool = self._spool_options(channel.name)
+        channel.attach(self._options, spool.get("spool_dir"), spool.get("spool_meta"),
+                       self.previous)  # fmt: skip
+        channel.tracker.redact_own_config(self._redaction)
         try:
-            exporter.start()
+            channel.start()
         except SpoolBusy as busy:
             raise ConfigError(
                 f"run_id {self._run_id!r} is already in use in {self._log_dir}: its "
-                f"{exporter.name} spool is held by {busy.holder}; give each run its own run_id "
+                f"{channel.name} spool is held by {busy.holder}; give each run its own run_id "
                 "(or leave it unset for a fresh one)"
             ) from None
         except OSError as exc:  # a read-only, full or wrong-kind log_dir: said at Logger()
             raise ConfigError(
-                f"logger config 'log_dir': {str(self._log_dir)!r} cannot hold {exporter.name}'s "
+                f"logger config 'log_dir': {str(self._log_dir)!r} cannot hold {channel.name}'s "
                 f"spool ({exc}); give a writable folder, or set export.spool: false"
             ) from None
 
     def _previous_launch(self) -> PreviousLaunch | None:
         """A relaunch whose earlier launches left records undelivered delivers them first."""
         cfg = self._cfg
-        resumed = cfg["resume"] != "never" and int(cfg.get(ATTEMPT_KEY, 1)) > 1
-        if not resumed or not cfg["export"]["spool"]:
+        resumed = cfg.resume != "never" and cfg.attempt > 1
+        if not resumed or not cfg.export.spool:
             return None
         waiting = sum(map(waiting_records, spools_of_run(self._log_dir, self._run_id)))
         if not waiting:
             return None
         _log.info("otel-rl: run %s, attempt %s: delivering the %d record(s) its earlier launch "
-                  "left in its spools first", self._run_id, self._cfg[ATTEMPT_KEY],
+                  "left in its spools first", self._run_id, cfg.attempt,
                   waiting)  # fmt: skip
         return PreviousLaunch(RunHistory.of_launch(self._cfg), waiting, PREVIOUS_LAUNCH_TIMEOUT)
 
     def _spool_options(self, tracker: str) -> dict[str, Any]:
-        if not self._cfg["export"]["spool"]:
+        if not self._cfg.export.spool:
             return {}
         # Two exporters of one name (instances given twice) each get a spool of their own.
         folder, n = folder_name(tracker), 2
@@ -188,12 +186,12 @@ class RunTrackers:
             "spool_meta": {
                 "run_id": self._run_id,
                 # Which launch wrote it: a relaunch reopens the tracker run of the latest one.
-                ATTEMPT_KEY: self._cfg.get(ATTEMPT_KEY, 1),
-                LAUNCH_KEY: self._cfg.get(LAUNCH_KEY),
-                "log_dir": str(self._cfg["log_dir"]),  # as given: replay follows a moved one
+                ATTEMPT_KEY: self._cfg.attempt,
+                LAUNCH_KEY: self._cfg.launch,
+                "log_dir": str(self._cfg.log_dir),  # as given: replay follows a moved one
                 # Relative paths of the config start here (``otel-rl replay`` runs there).
                 "cwd": os.getcwd(),
-                "config": redact_nested(self._cfg, extra_patterns=self._redaction),
+                "config": redact_nested(plain(self._cfg), extra_patterns=self._redaction),
             },
         }
 
@@ -215,5 +213,17 @@ class RunTrackers:
         return directory
 
 
-def _shutdown(exporter: Any, deadline: Deadline, exit_code: int) -> None:
-    exporter.shutdown(timeout_millis=deadline.left() * 1000, exit_code=exit_code)
+def _shutdown(channel: Channel, deadline: Deadline, exit_code: int) -> None:
+    channel.shutdown(deadline.left(), exit_code)
+
+
+def _trackers(given: Sequence[object]) -> list[Tracker]:
+    """The trackers given to a Logger, each checked to be one."""
+    for tracker in given:
+        if not isinstance(tracker, Tracker):
+            raise ConfigError(
+                f"Logger(exporters=...) takes trackers, and {tracker!r} is a "
+                f"{type(tracker).__name__}: subclass otel_rl.exporters.Tracker "
+                "(docs/backends/README.md, 'Adding a tracker')"
+            )
+    return list(given)  # type: ignore[arg-type]

@@ -18,8 +18,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.exemplar import AlwaysOffExemplarFilter
@@ -31,7 +31,63 @@ from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.telemetry.step_reader import StepReader
 
 
-def build_resource(cfg: Mapping[str, Any], run_id: str) -> Resource:
+@runtime_checkable
+class RunIdentity(Protocol):
+    """What the run's resource attributes are read from: the typed logger config
+    (``otel_rl.config.schema.LoggerSettings``, a layer above this one)."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def experiment(self) -> str | None: ...
+    @property
+    def service_name(self) -> str | None: ...
+
+
+class PrometheusConfig(Protocol):
+    """The ``prometheus:`` section."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+
+
+class OtlpConfig(Protocol):
+    """The ``otlp:`` section: its switch, and its keys (read by :mod:`otel_rl.telemetry.otlp`
+    from a mapping of them)."""
+
+    @property
+    def enabled(self) -> bool: ...
+    def keys(self) -> Iterable[str]: ...
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+@runtime_checkable
+class PipelineConfig(Protocol):
+    """What :class:`Pipeline` reads of the typed logger config."""
+
+    @property
+    def otlp(self) -> OtlpConfig: ...
+    @property
+    def prometheus(self) -> PrometheusConfig: ...
+
+
+def not_typed(cfg: object) -> TypeError:
+    """The error for a config that is not the typed one (a plain mapping, say)."""
+    return TypeError(
+        "expected the typed logger config (otel_rl.config.loading.resolve_settings()), got "
+        f"{type(cfg).__name__}"
+    )
+
+
+def build_resource(cfg: Mapping[str, Any] | RunIdentity, run_id: str) -> Resource:
     """Resource attributes that identify the run.
 
     ``otel_rl.*`` always come from the config (they must name this run exactly).
@@ -42,21 +98,24 @@ def build_resource(cfg: Mapping[str, Any], run_id: str) -> Resource:
     """
     from opentelemetry.sdk.resources import OTELResourceDetector
 
+    if not isinstance(cfg, RunIdentity):
+        raise not_typed(cfg)
+
     env = OTELResourceDetector().detect().attributes
     attributes: dict[str, Any] = {
         "otel_rl.run_id": run_id,
-        "otel_rl.role": str(cfg["role"]),
-        "otel_rl.rank": int(cfg["rank"]),
+        "otel_rl.role": cfg.role,
+        "otel_rl.rank": cfg.rank,
         # A relaunched run's attempt (1, 2, ...): dashboards tell its launches apart by it.
-        "otel_rl.attempt": int(cfg.get("attempt", 1)),
+        "otel_rl.attempt": cfg.attempt,
         "process.pid": os.getpid(),
     }
     if "host.name" not in env:
         attributes["host.name"] = socket.gethostname()
-    if cfg.get("experiment"):
-        attributes["otel_rl.experiment"] = str(cfg["experiment"])
+    if cfg.experiment:
+        attributes["otel_rl.experiment"] = cfg.experiment
     attributes["service.name"] = (
-        cfg.get("service_name")
+        cfg.service_name
         or os.environ.get("OTEL_SERVICE_NAME", "").strip()
         or env.get("service.name")
         or "otel-rl"
@@ -72,7 +131,7 @@ class Pipeline:
     leaves no server, thread or socket behind.
     """
 
-    def __init__(self, cfg: Mapping[str, Any], resource: Resource) -> None:
+    def __init__(self, cfg: Mapping[str, Any] | PipelineConfig, resource: Resource) -> None:
         self.resource = resource
         self.step_reader = StepReader()
         self._closers: list[Callable[[], None]] = []
@@ -80,23 +139,25 @@ class Pipeline:
         self.otlp_endpoint: str | None = None
         #: The resolved OTLP settings (``otlp.enabled``), else ``None``.
         try:
+            if not isinstance(cfg, PipelineConfig):
+                raise not_typed(cfg)
             self._build(cfg, resource)
         except BaseException:
             self._close_outputs()
             raise
 
-    def _build(self, cfg: Mapping[str, Any], resource: Resource) -> None:
+    def _build(self, cfg: PipelineConfig, resource: Resource) -> None:
         main_readers: list[MetricReader] = [self.step_reader]
         side_readers: list[MetricReader] = []
         otlp = None
-        if cfg["otlp"]["enabled"]:
+        if cfg.otlp.enabled:
             from otel_rl.telemetry.otlp import OtlpOutput
 
-            otlp = OtlpOutput(cfg["otlp"], providers=2)
+            otlp = OtlpOutput(dict(cfg.otlp), providers=2)
             self._closers.append(otlp.close)
             self.otlp_endpoint = otlp.settings.endpoint
-        if cfg["prometheus"]["enabled"]:
-            self._add_prometheus(cfg["prometheus"], main_readers, side_readers)
+        if cfg.prometheus.enabled:
+            self._add_prometheus(cfg.prometheus, main_readers, side_readers)
         if otlp is not None:
             # From here on the readers own the exporters (and shut them down).
             self._closers.remove(otlp.close)
@@ -124,7 +185,7 @@ class Pipeline:
 
     def _add_prometheus(
         self,
-        prom: Mapping[str, Any],
+        prom: PrometheusConfig,
         main_readers: list[MetricReader],
         side_readers: list[MetricReader],
     ) -> None:
@@ -132,7 +193,7 @@ class Pipeline:
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = CollectorRegistry(auto_describe=False)
-        host, port = str(prom["host"]), int(prom["port"])
+        host, port = prom.host, prom.port
         try:
             server, thread = start_http_server(port, addr=host, registry=registry)
             thread.name = "otel-rl-prometheus"  # ours, in a stall report's list of threads

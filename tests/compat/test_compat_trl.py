@@ -118,7 +118,7 @@ def test_grpo_run_reaches_every_tracker(hf_offline: Path, mlflow_server: Any) ->
     assert otel.logger is not None  # created with the trainer, on the main (only) process
     trainer.train()
     assert otel.finished  # on_train_end finished the run
-    mlflow = next(e for e in otel.logger.exporters if e.name == "mlflow")
+    mlflow = next(e.tracker for e in otel.logger.exporters if e.name == "mlflow")
     logs = recorder.logs
     assert sorted(logs) == list(STEPS)
 
@@ -223,7 +223,7 @@ def test_a_hanging_reward_function_is_named_in_the_stall_report(
     with pytest.raises(TimeoutError), otel:
         trainer.train()
     assert otel.finished and otel.logger is not None
-    mlflow = next(e for e in otel.logger.exporters if e.name == "mlflow")
+    mlflow = next(e.tracker for e in otel.logger.exporters if e.name == "mlflow")
 
     reports = [json.loads(p.read_text()) for p in sorted((log_dir / "stalls").glob("*.json"))]
     named = [

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from otel_rl import ConfigError, Logger
 from otel_rl.config.env import config_from_env
 from otel_rl.config.loading import resolve_config
-from otel_rl.config.schema import LoggerSettings
+from otel_rl.config.schema import settings_model
 from otel_rl.telemetry.otlp import resolve_otlp
 from testkit.otlp_receiver import closed_port
 
@@ -48,7 +48,7 @@ def _numeric_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Itera
             yield (*prefix, name), kind
 
 
-NUMERIC_KEYS = list(_numeric_keys(LoggerSettings))
+NUMERIC_KEYS = list(_numeric_keys(settings_model()))
 NON_FINITE = {"inf": (math.inf, ".inf"), "-inf": (-math.inf, "-.inf"), "nan": (math.nan, ".nan")}
 CASES = [
     pytest.param(path, kind, name, id=f"{'.'.join(path)}={name}")

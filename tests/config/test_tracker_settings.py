@@ -13,13 +13,13 @@ import pytest
 from otel_rl import ConfigError, Logger
 from otel_rl.config.loading import resolve_config
 from otel_rl.config.tracker_settings import (
-    TRACKERS,
-    TrackerSettings,
     _init_parameters,
     _named_parameters,
     _parameters_in_source,
     accepted_settings,
+    sdk_init,
 )
+from otel_rl.exporters.base import SdkInit
 
 
 def _installed(name: str) -> bool:
@@ -136,7 +136,7 @@ def test_source_reading_gives_the_sdk_signature(name):
     ``inspect.signature`` gives after importing it (ClearML: ``Task.init``)."""
     if not _installed(name):
         pytest.skip(f"{name} not installed")
-    spec = TRACKERS[name]
+    spec = sdk_init(name)
     from_source = _parameters_in_source(spec)
     module = __import__(name)
     owner = getattr(module, spec.init_class) if spec.init_class else module
@@ -145,8 +145,8 @@ def test_source_reading_gives_the_sdk_signature(name):
 
 
 def test_an_sdk_that_cannot_be_read_falls_back_to_the_declared_list():
-    spec = TrackerSettings(package="otel_rl_no_such_sdk", init_files=("x.py",),
-                           declared=frozenset({"project", "name"}))
+    spec = SdkInit(package="otel_rl_no_such_sdk", init_files=("x.py",),
+                   declared=frozenset({"project", "name"}))
     assert _parameters_in_source(spec) is None
     assert _init_parameters(spec) == {"project", "name"}
 
@@ -157,7 +157,7 @@ def test_declared_lists_cover_the_installed_sdks():
     for name in ("wandb", "swanlab", "trackio", "clearml"):
         if not _installed(name):
             continue
-        spec = TRACKERS[name]
+        spec = sdk_init(name)
         assert _parameters_in_source(spec) <= spec.declared, name
 
 

@@ -116,22 +116,22 @@ def test_worker_survives_a_spool_segment_vanishing_under_a_backlog(tmp_path, ote
     gate = threading.Event()
     tracker = Recording(fail=lambda step: gate.wait(), spool_dir=tmp_path / "spool",
                         queue_size=5, fsync_interval=0.05)
-    tracker.start()
+    tracker.delivery.start()
     for step in range(50):
-        tracker.submit(StepBatch(step=step, values={"x": float(step)}))
-    _wait(lambda: tracker.stats["spilled"] > 0 and tracker.pending >= 49)
+        tracker.delivery.submit(StepBatch(step=step, values={"x": float(step)}))
+    _wait(lambda: tracker.delivery.stats["spilled"] > 0 and tracker.delivery.pending >= 49)
     for segment in (tmp_path / "spool").glob("wal-*"):
         segment.unlink()  # what a concurrent deletion did to the worker
     gate.set()
     _wait(lambda: len(tracker.steps) >= 5)
     for step in range(50, 60):
-        tracker.submit(StepBatch(step=step, values={"x": float(step)}))
+        tracker.delivery.submit(StepBatch(step=step, values={"x": float(step)}))
     _wait(lambda: tracker.steps[-1:] == [59])
     tracker.shutdown(timeout_millis=5_000)
     assert tracker.steps[:5] == [0, 1, 2, 3, 4]
     assert tracker.steps[-10:] == list(range(50, 60))
     # what vanished (the records that lived on disk only) is counted and named
-    assert tracker.stats["dropped"] == 60 - len(tracker.steps) > 0
+    assert tracker.delivery.stats["dropped"] == 60 - len(tracker.steps) > 0
     assert any("vanished" in m for m in otel_rl_warnings.messages)
     assert threading.active_count() < 50
 
@@ -140,8 +140,8 @@ def test_worker_thread_never_dies(tmp_path, otel_rl_warnings):
     """Item 2: an error of ours inside the delivery loop is reported once; delivery goes on.
     The bug is injected into the delivery's own loop: nothing public can break it."""
     tracker = Recording()
-    tracker.start()
-    queue = tracker._channel._records
+    tracker.delivery.start()
+    queue = tracker.delivery._records
     original = queue.take_locked
     broken = {"left": 3}
 
@@ -153,7 +153,7 @@ def test_worker_thread_never_dies(tmp_path, otel_rl_warnings):
 
     queue.take_locked = take_locked
     for step in range(5):
-        tracker.submit(StepBatch(step=step, values={"x": 1.0}))
+        tracker.delivery.submit(StepBatch(step=step, values={"x": 1.0}))
     assert tracker.force_flush(10_000)
     tracker.shutdown()
     assert tracker.steps == [0, 1, 2, 3, 4]
@@ -284,15 +284,16 @@ def test_records_the_spool_could_not_hold_are_counted_and_still_delivered(tmp_pa
         from tests.delivery.test_delivery_faults import Recording
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing us
         tracker = Recording(spool_dir={str(tmp_path / "spool")!r}, fsync_interval=0.05)
-        tracker.start()
-        tracker.submit(StepBatch(step=0, values={{"x": 0.0}}))
+        tracker.delivery.start()
+        tracker.delivery.submit(StepBatch(step=0, values={{"x": 0.0}}))
         assert tracker.force_flush(10_000)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # the spool fills at once
         for step in range(1, 60):
-            tracker.submit(StepBatch(step=step, values={{"x": float(step), "pad": "p" * 200}}))
+            batch = StepBatch(step=step, values={{"x": float(step), "pad": "p" * 200}})
+            tracker.delivery.submit(batch)
         assert tracker.force_flush(10_000)
         tracker.shutdown()
-        print(json.dumps({{"steps": tracker.steps, **tracker.stats}}), flush=True)
+        print(json.dumps({{"steps": tracker.steps, **tracker.delivery.stats}}), flush=True)
     """)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                          timeout=60)  # fmt: skip
@@ -318,12 +319,12 @@ def test_a_record_the_tracker_refuses_is_set_aside_and_never_rewritten_in_part(t
 
     tracker.open = slow_open
     for step in (0, 1, 2**63, 3, 4):
-        tracker.submit(StepBatch(step=step, values={"x": float(step % 1000)}))
+        tracker.delivery.submit(StepBatch(step=step, values={"x": float(step % 1000)}))
     gate.set()  # all five are queued: they go as one batch
     assert tracker.force_flush(10_000)
     tracker.shutdown()
-    assert tracker.stats["rejected"] == 1
-    assert tracker.stats["retries"] == 0
+    assert tracker.delivery.stats["rejected"] == 1
+    assert tracker.delivery.stats["retries"] == 0
     assert [s for s, _ in tensorboard_scalars(tmp_path / "tb")["x"]] == [0, 1, 3, 4]
 
 
@@ -369,7 +370,7 @@ def test_a_connection_error_is_retried_until_the_tracker_is_back(tmp_path):
         logger.log_metrics({"x": 1.0}, step=step)
     logger.finish()
     assert tracker.steps == list(range(10))
-    assert tracker.stats["retries"] >= 1
+    assert tracker.delivery.stats["retries"] >= 1
 
 
 def test_an_exporter_given_as_an_instance_gets_the_spool_and_export_options(tmp_path):
@@ -380,11 +381,11 @@ def test_an_exporter_given_as_an_instance_gets_the_spool_and_export_options(tmp_
     logger = Logger(cfg, exporters=[tracker])
     logger.log_metrics({"x": 1.0}, step=0)
     logger.finish()
-    assert tracker.spool_dir is not None
-    assert tracker.spool_dir.parent == spool_root(tmp_path) / "recording"
-    options = tracker._channel.options
+    assert tracker.delivery.spool_dir is not None
+    assert tracker.delivery.spool_dir.parent == spool_root(tmp_path) / "recording"
+    options = tracker.delivery.options
     assert options.queue_size == 7 and options.fsync_interval == 0.3
-    assert read_acks(tracker.spool_dir).upto == 1
+    assert read_acks(tracker.delivery.spool_dir).upto == 1
 
 
 def test_drop_oldest_never_drops_a_record_being_written(tmp_path):
@@ -394,16 +395,16 @@ def test_drop_oldest_never_drops_a_record_being_written(tmp_path):
     gate = threading.Event()
     tracker = Recording(fail=lambda step: gate.wait(), max_batch=3, queue_size=3,
                         on_full="drop_oldest")
-    tracker.start()
+    tracker.delivery.start()
     for step in range(3):
-        tracker.submit(StepBatch(step=step, values={"x": 1.0}))
-    _wait(lambda: tracker._channel._records.inflight == 3)
-    tracker.submit(StepBatch(step=3, values={"x": 1.0}))
+        tracker.delivery.submit(StepBatch(step=step, values={"x": 1.0}))
+    _wait(lambda: tracker.delivery._records.inflight == 3)
+    tracker.delivery.submit(StepBatch(step=3, values={"x": 1.0}))
     gate.set()
     assert tracker.force_flush(5_000)
     tracker.shutdown()
     assert tracker.steps == [0, 1, 2]
-    assert tracker.stats["dropped"] == 1
+    assert tracker.delivery.stats["dropped"] == 1
 
 
 @pytest.mark.slow
@@ -437,7 +438,7 @@ def test_the_sdks_shutdown_timeout_keyword_is_honoured():
     started = time.monotonic()
     provider.shutdown(timeout_millis=2_000)
     assert time.monotonic() - started < 15  # well before the 30 s default
-    assert tracker.undelivered == 1
+    assert tracker.delivery.undelivered == 1
 
 
 def test_jsonl_never_holds_a_torn_line(tmp_path):
@@ -451,7 +452,7 @@ def test_jsonl_never_holds_a_torn_line(tmp_path):
         from otel_rl.core.records import StepBatch
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         exporter = JsonlExporter({str(path)!r})
-        writer = exporter.writer()
+        writer = exporter.delivery.writer()
         limit = {path.stat().st_size} + 300
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
         batches = [(s, StepBatch(step=s, values={{"x": float(s)}})) for s in range(1, 20)]

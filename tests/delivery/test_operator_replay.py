@@ -417,13 +417,13 @@ def test_losses_are_counted_by_reason_in_stats_the_exit_message_and_prometheus(
     page = urllib.request.urlopen(logger.prometheus_url, timeout=10).read().decode()
     logger.finish()
 
-    queue_full = refusing.lost["queue_full"]
+    queue_full = refusing.delivery.lost["queue_full"]
     assert queue_full > 0
     delivered_or_refused = 400 - queue_full
-    assert refusing.lost["refused"] == delivered_or_refused - len(refusing.steps)
+    assert refusing.delivery.lost["refused"] == delivered_or_refused - len(refusing.steps)
     assert all(s % 2 == 0 for s in refusing.steps)
-    assert refusing.stats["dropped"] == sum(refusing.lost.values())
-    assert broken.lost == {"tracker_stopped": 400}
+    assert refusing.delivery.stats["dropped"] == sum(refusing.delivery.lost.values())
+    assert broken.delivery.lost == {"tracker_stopped": 400}
 
     def sample(tracker: str, reason: str) -> float:
         line = next(ln for ln in page.splitlines() if ln.startswith("otel_rl_exporter_dropped")
@@ -436,7 +436,7 @@ def test_losses_are_counted_by_reason_in_stats_the_exit_message_and_prometheus(
     messages = [r.getMessage() for r in otel_rl_warnings.records]
     (said,) = [m for m in messages if m.startswith("otel-rl: refusing:") and "lost for good" in m]
     assert f"{queue_full} dropped from a full queue" in said
-    assert f"{refusing.lost['refused']} refused by the tracker" in said
+    assert f"{refusing.delivery.lost['refused']} refused by the tracker" in said
 
 
 @pytest.mark.parametrize("delivery", ["thread", "process"])

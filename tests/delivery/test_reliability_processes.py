@@ -72,7 +72,7 @@ def test_mlflow_server_killed_for_10s_then_restarted(tmp_path):
 
         latency = _run_loop(logger, range(700), 0.02, kill_then_restart)
         (exporter,) = logger.exporters
-        run_id = exporter.run_id
+        run_id = exporter.tracker.run_id
         logger.finish()
         assert outage["restarting"] - outage["down"] >= 10.0
 

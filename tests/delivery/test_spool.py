@@ -55,8 +55,8 @@ def test_backlog_beyond_the_queue_lives_on_disk_and_arrives_in_order(tmp_path):
         logger.log_metrics({"x": step}, step=step)
     logger.log_metrics({}, step_finished=True)
     deadline = time.monotonic() + 30
-    while tracker.stats["spilled"] == 0:  # most of the backlog waits on disk only
-        assert time.monotonic() < deadline, tracker.stats
+    while tracker.delivery.stats["spilled"] == 0:  # most of the backlog waits on disk only
+        assert time.monotonic() < deadline, tracker.delivery.stats
         time.sleep(0.01)
     tracker.up.set()
     assert logger.flush(timeout=30)
@@ -149,7 +149,7 @@ class AlwaysRaises(TrackerExporter):
 def _wait_until_spooled(tracker: TrackerExporter, timeout: float = 60.0) -> None:
     """Memory is measured once the spool thread has written what was submitted."""
     deadline = time.monotonic() + timeout
-    while tracker._channel._incoming and time.monotonic() < deadline:
+    while tracker.delivery._incoming and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -177,7 +177,7 @@ def test_tracker_raising_on_every_write_keeps_memory_flat(tmp_path, otel_rl_warn
             rss[step] = _rss_mib()
     logger.finish()
     assert rss[99_999] - rss[20_000] < 30, rss
-    assert tracker.stats["spilled"] > 90_000
+    assert tracker.delivery.stats["spilled"] > 90_000
     failures = [r for r in otel_rl_warnings.records if "write failed" in r.getMessage()]
     assert len(failures) == 1
     assert len(undelivered(tmp_path / "spool")) == 100_000

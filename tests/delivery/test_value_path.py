@@ -58,9 +58,8 @@ def _walk(tmp_path: Path) -> dict[str, list[str]]:
     threading.setprofile(profile)  # the channel's threads start with the Logger
     try:
         logger = otel_rl.Logger({"log_dir": str(tmp_path), "jsonl_enabled": True})
-        jsonl = logger.exporters[0]
-        channel = jsonl._channel
-        watched.update(incoming=channel._incoming, queue=channel._queue, jsonl=jsonl)
+        channel = logger.exporters[0]
+        watched.update(incoming=channel._incoming, queue=channel._queue, jsonl=channel.tracker)
         sys.setprofile(profile)
         logger.log_metrics({"loss": 0.5}, step=3)
         logger.log_metrics({"loss": 0.25}, step=4)  # seals step 3: its record leaves
@@ -78,7 +77,7 @@ def test_log_metrics_to_the_jsonl_line_is_at_most_ten_calls_that_never_double_ba
     chains = _walk(tmp_path)
     assert set(chains) == {"training", "spool", "worker"}, chains
     training, spool, worker = chains["training"], chains["spool"], chains["worker"]
-    assert training[0] == "logger:log_metrics" and training[-1] == "delivery/channel:submit"
+    assert training[0] == "logger:log_metrics" and training[-1] == "delivery/channel:send"
     assert spool == ["delivery/channel:_feed_spool"]
     assert worker[-2:] == ["exporters/jsonl:write_batches", "exporters/jsonl:_write"]
     path = training + spool + worker

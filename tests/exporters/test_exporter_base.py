@@ -109,7 +109,7 @@ def test_a_tracker_shut_down_by_hand_speaks_of_its_deadline_in_the_unit_it_was_g
 
     slow = SlowTracker(0.3)
     for step in range(5):
-        slow.submit(StepBatch(step=step, values={"x": float(step)}))
+        slow.delivery.submit(StepBatch(step=step, values={"x": float(step)}))
     slow.shutdown(**{keyword: 1.0})
     said = [r.getMessage() for r in otel_rl_warnings.records]
     (message,) = [m for m in said if "record(s) not delivered" in m]
@@ -138,9 +138,9 @@ def test_rejected_row_is_skipped_and_counted(log_dir):
         logger.log_metrics({"bad": 1}, step=1)
         logger.log_metrics({"x": 2}, step=2)
     assert tracker.steps == [0, 2]
-    assert tracker.stats["rejected"] == 1
-    assert tracker.stats["delivered"] == 2  # written; the refused one is counted apart
-    assert tracker.lost == {"refused": 1}
+    assert tracker.delivery.stats["rejected"] == 1
+    assert tracker.delivery.stats["delivered"] == 2  # written; the refused one is counted apart
+    assert tracker.delivery.lost == {"refused": 1}
 
 
 def test_bounded_queue_drops_oldest_and_says_so(otel_rl_warnings):
@@ -162,15 +162,15 @@ def test_bounded_queue_drops_oldest_and_says_so(otel_rl_warnings):
 
     writing = threading.Event()
     tracker = Blocked(queue_size=5)
-    tracker.submit(StepBatch(step=0, values={"x": 0.0}))
+    tracker.delivery.submit(StepBatch(step=0, values={"x": 0.0}))
     assert writing.wait(5)  # step 0 is being written (held by the gate)
     for step in range(1, 12):
-        tracker.submit(StepBatch(step=step, values={"x": float(step)}))
+        tracker.delivery.submit(StepBatch(step=step, values={"x": float(step)}))
     gate.set()
     assert tracker.force_flush(5_000)
     tracker.shutdown()
     # The record in flight is never dropped; of the rest, the oldest made room for the newest.
-    assert tracker.stats["dropped"] == 7
+    assert tracker.delivery.stats["dropped"] == 7
     assert tracker.steps == [0, 8, 9, 10, 11]
     assert any("queue full" in r.getMessage() for r in otel_rl_warnings.records)
 

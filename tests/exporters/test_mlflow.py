@@ -54,7 +54,7 @@ def config(server: MlflowServer, log_dir: Path, **mlflow: Any) -> dict[str, Any]
 
 
 def mlflow_of(logger: Logger) -> MlflowExporter:
-    return next(e for e in logger.exporters if e.name == "mlflow")
+    return next(e.tracker for e in logger.exporters if e.name == "mlflow")
 
 
 def client_of(uri: str) -> Any:
@@ -100,7 +100,7 @@ def test_metric_history_equals_what_was_logged(mlflow_server, log_dir):
     assert set(run.data.metrics) == set(expected)
     for key, points in expected.items():
         assert history(client, exporter.run_id, key) == points, key
-    assert exporter.stats["delivered"] > 0 and exporter.stats["rejected"] == 0
+    assert exporter.delivery.stats["delivered"] > 0 and exporter.delivery.stats["rejected"] == 0
 
 
 def test_nan_stays_nan_and_inf_is_stored_as_mlflow_does(mlflow_server, log_dir):
@@ -178,7 +178,7 @@ def test_backwards_step_is_kept_as_a_second_point(mlflow_server, log_dir, otel_r
     assert sorted((m.step, m.value) for m in points) == [
         (0, 0.0), (1, 1.0), (1, 1.5), (2, 2.0), (3, 3.0)
     ]
-    assert exporter.stats["backwards_steps"] == 1
+    assert exporter.delivery.stats["backwards_steps"] == 1
     assert any("MLflow keeps both" in r.getMessage() for r in otel_rl_warnings.records)
 
 
@@ -270,7 +270,7 @@ def test_changed_param_on_resume_is_refused_alone(mlflow_server, log_dir, otel_r
     assert run.data.metrics["loss"] == 0.5
     # Two values of one record refused: the values are counted, the record is delivered (it
     # is not set aside, and the delivered count never goes below what arrived).
-    stats = exporter.stats
+    stats = exporter.delivery.stats
     assert (stats["refused_values"], stats["rejected"]) == (2, 0)
     assert stats["delivered"] == stats["submitted"] >= 2
     said = [r.getMessage() for r in otel_rl_warnings.records]

@@ -150,7 +150,7 @@ def test_default_store_is_sqlite_under_log_dir(tmp_path, monkeypatch):
         logger.log_metrics({"loss": 0.5}, step=0)
         logger.log_metrics({"loss": math.nan}, step=1)
         logger.log_plot(plt.figure(figsize=(2, 2), dpi=30), step=1, name="fig")
-        exporter = next(e for e in logger.exporters if e.name == "mlflow")
+        exporter = next(e.tracker for e in logger.exporters if e.name == "mlflow")
     plt.close("all")
 
     db = tmp_path / "logs" / "mlflow" / "mlflow.db"
@@ -230,7 +230,7 @@ def test_file_store_keeps_a_metric_next_to_its_own_subfolder(tmp_path, monkeypat
             with logger.timer("x/total"):
                 pass
             logger.log_metrics({"a": 1.0 * step, "a/b": 2.0 * step}, step=step)
-        exporter = next(e for e in logger.exporters if e.name == "mlflow")
+        exporter = next(e.tracker for e in logger.exporters if e.name == "mlflow")
 
     client = MlflowClient(tracking_uri=uri)
     metrics = set(client.get_run(exporter.run_id).data.metrics)
@@ -241,4 +241,4 @@ def test_file_store_keeps_a_metric_next_to_its_own_subfolder(tmp_path, monkeypat
     }
     assert [s for s, _ in _history(client, exporter.run_id, "timing/x.total")] == [0, 1, 2]
     assert _history(client, exporter.run_id, "a.b") == [(0, 0.0), (1, 2.0), (2, 4.0)]
-    assert exporter.stats["rejected"] == 0
+    assert exporter.delivery.stats["rejected"] == 0

@@ -153,7 +153,7 @@ def test_identical_rows_in_every_tracker(offline_trackers, tmp_path):
     # MLflow: every number at its step (NaN stays NaN), from its own client.
     from mlflow.tracking import MlflowClient
 
-    mlflow_exporter = exporters["mlflow"]
+    mlflow_exporter = exporters["mlflow"].tracker
     client = MlflowClient(mlflow_exporter.tracking_uri)
     for step, row in training.items():
         for key, value in row.items():

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from otel_rl.config.loading import resolve_settings
+
 pytest.importorskip("swanlab")
 
 from otel_rl import Logger
@@ -119,7 +121,7 @@ def test_backwards_step_first_value_wins_and_is_warned_and_crash_state(
 
 def test_log_dir_default_and_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
-    cfg = {"log_dir": str(tmp_path), "swanlab": {"mode": "offline"}}
+    cfg = resolve_settings({"log_dir": str(tmp_path), "swanlab": {"mode": "offline"}})
     exporter = SwanLabExporter.from_config(cfg)
     try:
         assert exporter.init_kwargs == {"mode": "offline", "log_dir": str(tmp_path / "swanlab")}

@@ -117,7 +117,7 @@ def test_replay_counts_the_events_a_write_cut_short_left_whole(tmp_path):
     from otel_rl.exporters.tensorboard import TensorBoardExporter
 
     exporter = TensorBoardExporter(tmp_path / "tb")
-    writer = exporter.writer()
+    writer = exporter.delivery.writer()
     assert writer.open() is None
     exporter.write_hyperparams({"lr": 0.1})  # pending: written just before the first step
     position = exporter.write_position()

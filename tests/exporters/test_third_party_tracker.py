@@ -18,8 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from otel_rl import Logger
-from otel_rl.delivery.registry import available_exporters, exporter_class
+from otel_rl import ConfigError, Logger
+from otel_rl.config.loading import resolve_config
+from otel_rl.delivery.registry import (
+    available_exporters,
+    builtin_trackers,
+    enabled_backends,
+    exporter_class,
+)
 
 PACKAGE = "otel_rl_jsonfile_tracker"
 
@@ -119,6 +125,23 @@ def test_installed_tracker_is_found_and_used_by_name(installed_tracker, tmp_path
         {"params": {"lr": 0.5}},
         *({"step": s, "tag": "run-a", "rows": {"train/loss": 1.0 / (s + 1)}} for s in range(3)),
     ]
+
+
+@pytest.mark.slow
+def test_installed_tracker_gets_no_flag_of_its_own(installed_tracker):
+    """The config's keys are the same wherever it runs: a third-party tracker is enabled by its
+    ``trackers:`` entry, and ``<name>_enabled`` says so instead of being a key."""
+    assert "jsonfile" in available_exporters() and "jsonfile" not in builtin_trackers()
+    with pytest.raises(ConfigError) as raised:
+        resolve_config({"jsonfile_enabled": True})
+    assert str(raised.value) == (
+        "unknown logger config key 'jsonfile_enabled': 'jsonfile' is a tracker of another "
+        "package, enabled by its entry under 'trackers:' with its options, e.g. trackers: "
+        "{jsonfile: {}} (only otel-rl's own trackers have <name>_enabled flags)"
+    )
+    cfg = resolve_config({"tensorboard_enabled": True, "trackers": {"jsonfile": {"path": "x"}}})
+    assert "jsonfile_enabled" not in cfg
+    assert enabled_backends(cfg) == ["tensorboard", "jsonl", "jsonfile"]
 
 
 @pytest.mark.slow

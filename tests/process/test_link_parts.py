@@ -1,6 +1,6 @@
 """The delivery process's link, part by part, on real pipes and files: the backlog's bounds, and
 the writer's handoff to a file when the reader of the pipe falls behind, read back by the
-delivery process's own reader of the stream (``otel_rl.run.service.messages``)."""
+delivery process's own reader of the stream (``otel_rl.delivery.delivery_process.messages``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.core.failures import losses
+from otel_rl.delivery.delivery_process import messages
 from otel_rl.delivery.frames import encode_frame
 from otel_rl.delivery.link_backlog import Backlog
 from otel_rl.delivery.link_state import LinkState
 from otel_rl.delivery.link_writer import FrameWriter
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.process.deadline import Deadline
-from otel_rl.run.service import messages
 
 
 def _record_frame(number: int, size: int = 0) -> bytes:

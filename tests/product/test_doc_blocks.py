@@ -267,6 +267,18 @@ def _tensorboard_reader(ran: Ran) -> None:
     assert table.tensor_proto.string_val[0].decode().startswith("| prompt | response |")
 
 
+def _csv_tracker(ran: Ran) -> None:
+    """backends/README.md "Adding a tracker": the tracker's file holds each step's loss, and
+    JSONL, the tracker on by default, holds the same rows."""
+    import csv
+
+    with open(ran.cwd / "logs" / "metrics.csv", newline="") as f:
+        lines = [(key, int(step), float(value)) for key, step, value in csv.reader(f)]
+    assert lines == [("loss", 0, 1.0), ("loss", 1, 0.5), ("loss", 2, pytest.approx(1 / 3))]
+    rows = jsonl_rows(ran.cwd / "logs" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [(k, v) for _, k, v in lines]
+
+
 def _ray_single_controller(ran: Ran) -> None:
     """distributed.md "Ray: single controller": the rows the page lists, reduced per key."""
     rows = jsonl_rows(ran.cwd / "logs" / "metrics.jsonl")
@@ -441,6 +453,7 @@ EXPECTED: dict[tuple[str, str], How] = {
         command=("opentelemetry-instrument", "python", "train.py"),
     ),
     ("docs/backends/tensorboard.md", "acc = EventAccumulator("): How(_tensorboard_reader),
+    ("docs/backends/README.md", "class CsvTracker(Tracker):"): How(_csv_tracker),
     ("docs/distributed.md", "class PolicyWorker:"): How(_ray_single_controller),
     ("docs/distributed.md", "aggregator = MetricsAggregator.start()"): How(_ray_aggregator),
     ("docs/distributed.md", "reduced = reduce_across_ranks("): How(_torchrun_reduce),

@@ -79,7 +79,7 @@ def test_a_value_logged_after_its_step_finished_reaches_every_tracker_at_that_st
 
     from mlflow.tracking import MlflowClient
 
-    mlflow = exporters["mlflow"]
+    mlflow = exporters["mlflow"].tracker
     client = MlflowClient(mlflow.tracking_uri)
     assert {
         k: sorted((m.step, m.value) for m in client.get_metric_history(mlflow.run_id, k))
@@ -230,7 +230,7 @@ def test_swanlab_names_each_value_it_would_discard_and_stores_the_rest(
         logger.log_metrics({"loss": 0.5, "score": 0.7}, step=10)  # loss repeats, score is new
         logger.log_metrics({"loss": 0.4, "kl": 0.3}, step=9)
         (exporter,) = logger.exporters
-    assert exporter.refused_repeats == {"loss": 2, "kl": 1}
+    assert exporter.tracker.refused_repeats == {"loss": 2, "kl": 1}
     said = [m for m in (r.getMessage() for r in otel_rl_warnings.records)
             if "not sent: SwanLab keeps" in m]  # fmt: skip
     assert len(said) == 2, said

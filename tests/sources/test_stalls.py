@@ -425,7 +425,7 @@ def test_a_stall_reaches_every_tracker_with_text_as_text(offline_trackers, tmp_p
     ]  # fmt: skip
     from mlflow.tracking import MlflowClient
 
-    mlflow = exporters["mlflow"]
+    mlflow = exporters["mlflow"].tracker
     client = MlflowClient(mlflow.tracking_uri)
     folder = "events/otel_rl/stall"
     names = sorted(Path(f.path).name for f in client.list_artifacts(mlflow.run_id, folder))
