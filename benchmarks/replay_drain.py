@@ -326,7 +326,7 @@ def _todays_deliver(
 def todays_replay(log_dir: Path) -> list[dict[str, Any]]:
     """Every spool of ``log_dir`` replayed as before: load everything, sort, deliver."""
     from otel_rl.cli import replay as ours
-    from otel_rl.config.loading import resolve_config
+    from otel_rl.config.loading import resolve_settings
     from otel_rl.delivery.registry import exporter_class
     from otel_rl.delivery.spool import DoneMarks, SpoolLock
 
@@ -339,9 +339,10 @@ def todays_replay(log_dir: Path) -> list[dict[str, Any]]:
         try:
             records, skipped, sealed, acks = todays_scan(directory, int(meta.get("last_seq") or 0))
             done_already, sendable = todays_order(records, sealed)
-            cfg = resolve_config(ours._merge(meta.get("config") or {}, meta.get("resume") or {}))
-            cfg["run_id"] = cfg["run_id"] or meta["run_id"]
-            cfg["log_dir"] = str(log_dir)
+            saved = ours._merge(meta.get("config") or {}, meta.get("resume") or {})
+            saved["run_id"] = saved.get("run_id") or meta["run_id"]
+            saved["log_dir"] = str(log_dir)
+            cfg = resolve_settings(saved)
             with ours._working_directory(ours.run_directory(meta, log_dir)):
                 exporter = exporter_class(meta["tracker"]).from_config(cfg) if sendable else None
                 landed: set[int] = set()

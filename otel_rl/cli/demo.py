@@ -186,7 +186,7 @@ def run_demo(
         # Every tracker has opened its run once what was logged is delivered: where each one
         # keeps it is read from its SDK's run now, while that run is open.
         logger.flush(timeout=30)
-        trackers = tracker_outputs([d.tracker for d in logger.exporters if d.tracker])
+        trackers = tracker_outputs([d.tracker for d in logger.exporters if d.tracker is not None])
         summary = {
             "base_dir": str(Path(log_dir)),
             "log_dir": str(run_dir),

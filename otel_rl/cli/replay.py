@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import heapq
+import inspect
 import itertools
 import json
 import os
@@ -520,8 +521,12 @@ def _landed_before_the_kill(
         if landed is not None:
             return _first(uncertain, landed)
     # A kill can cut even one write call short: a tracker that counts what it holds is told
-    # how many records the write carried (None: not noted).
-    holds = exporter.holds_since(attempt.position, records=attempt.records)
+    # how many records the write carried (trackers written before ``records`` existed take the
+    # position alone).
+    if "records" in inspect.signature(exporter.holds_since).parameters:
+        holds = exporter.holds_since(attempt.position, records=attempt.records)
+    else:
+        holds = exporter.holds_since(attempt.position)
     return uncertain if holds else SeqSet()
 
 

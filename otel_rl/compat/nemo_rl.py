@@ -579,7 +579,7 @@ class Logger(CoreOutputs):
 def _tracker_of(delivery: Delivery) -> Any:
     """A backend logger as NeMo RL's ``loggers`` hold it: the tracker, or, for one that lives
     in the delivery process, its delivery's stand-in."""
-    return delivery.tracker or delivery
+    return delivery if delivery.tracker is None else delivery.tracker
 
 
 def _stopper(exporter: Any, deadline: Deadline, exit_code: int) -> Callable[[], None]:

@@ -120,7 +120,9 @@ class Tracking(CoreOutputs):
         #: backend name → its tracker (verl: backend name → logger object; a tracker of the
         #: delivery process: its delivery's stand-in); ``vemlp_wandb`` is the W&B tracker.
         #: ``rl_insight`` has none: its values are served at :attr:`prometheus_url`.
-        self.logger: dict[str, Any] = {e.name: e.tracker or e for e in self.core.exporters}
+        self.logger: dict[str, Any] = {
+            e.name: e if e.tracker is None else e.tracker for e in self.core.exporters
+        }
         for backend, tracker in TRACKER_OF.items():
             if backend in self.backends and tracker in self.logger:
                 self.logger[backend] = self.logger[tracker]
@@ -538,4 +540,4 @@ def _to_tensorboard(fanout: Any, samples: Sequence[Sequence[Any]], step: int) ->
     from otel_rl.core.records import StepBatch
 
     text = generations_text(samples, step)
-    fanout.send(StepBatch(step=step, values={GENERATIONS_KEY: text}), to=("tensorboard",))
+    fanout.send(StepBatch(step=int(step), values={GENERATIONS_KEY: text}), to=("tensorboard",))

@@ -66,14 +66,14 @@ class Channel:
     records (the queue, the spool feeder, the worker); what is left at the end.
 
     A tracker has at most one channel (:meth:`of`); what the tracker reports through its
-    :attr:`~otel_rl.delivery.tracker.Tracker.notes` is counted and said here."""
+    notes (:class:`~otel_rl.delivery.tracker.TrackerNotes`) is counted and said here."""
 
     def __init__(self, tracker: Tracker, *, given: Mapping[str, Any] | None = None) -> None:
-        if isinstance(tracker.notes, ChannelNotes):
+        if isinstance(tracker._notes, ChannelNotes):
             raise RuntimeError(f"{tracker.name}: the tracker is delivered by a channel already")
         self.tracker = tracker
         self.name = tracker.name
-        tracker.notes = ChannelNotes(self)
+        tracker._notes = ChannelNotes(self)
         #: Where :class:`~otel_rl.delivery.fanout.Fanout` sends this tracker's records.
         self.route = self
         # Options given to the tracker itself win over the ones a run attaches.
@@ -102,7 +102,7 @@ class Channel:
     @classmethod
     def of(cls, tracker: Tracker) -> Channel:
         """The channel that delivers ``tracker``: its own, or a new one."""
-        notes = tracker.notes
+        notes = tracker._notes
         return notes.channel if isinstance(notes, ChannelNotes) else cls(tracker)
 
     def attach(

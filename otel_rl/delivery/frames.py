@@ -22,7 +22,7 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
-from otel_rl.core.records import Record, record_fields, record_from_fields
+from otel_rl.core.records import Record, StepBatch, record_fields, record_from_fields
 from otel_rl.delivery.link_messages import say_message_unreadable
 
 
@@ -58,12 +58,26 @@ def record_from_body(body: bytes) -> Record:
     """The record of a record frame's body (:func:`record_body`). Raises for a body that is
     not a record's (damaged, or a value of a class this process cannot import)."""
     fields = pickle.loads(body)
+    if isinstance(fields, tuple):  # a handoff file an earlier otel-rl left for replay
+        return _earlier_record(fields)
     if not isinstance(fields, dict):
         raise TypeError(f"a pickled {type(fields).__name__}, not a record's fields")
     record = record_from_fields(fields)
     if record is None:
         raise TypeError(f"a {fields.get('type')} is no record kind the delivery process knows")
     return record
+
+
+def _earlier_record(fields: tuple[Any, ...]) -> Record:
+    """A record in the body the frames had before the one codec: a step as its rows, another
+    record as its spool encoding (``otel-rl replay`` after an upgrade reads such files)."""
+    if fields[:1] == ("step",) and len(fields) == 8:
+        _, step, at, axis, step_metrics, rows, seal, provisional = fields
+        return StepBatch(step=step, values=rows, time=at, axis=axis, step_metrics=step_metrics,
+                         seal=seal, provisional=provisional)  # fmt: skip
+    if fields[:1] == ("kind",) and len(fields) == 3:
+        return Record.kinds[fields[1]].decode(fields[2])
+    raise TypeError(f"a pickled tuple of {len(fields)}, not a record's fields")
 
 
 def encode_frame(*message: Any) -> bytes:

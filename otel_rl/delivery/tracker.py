@@ -4,8 +4,9 @@ A :class:`Tracker` holds a tracker's verbs (open, write steps, write artifacts, 
 its errors classify) and its own config. It owns no thread, queue, spool or counter: the
 delivery built around it (:class:`~otel_rl.delivery.channel.Channel`, or the delivery process of
 ``export.delivery: process``) calls the verbs, all on one thread, and keeps every counter. What
-a tracker has to tell its delivery goes through :attr:`Tracker.notes`, three calls
-(:class:`TrackerNotes`): a warning given once, a value refused, the tracker's run named.
+a tracker has to tell its delivery goes through three calls it inherits (``_warn_once``,
+``_value_refused``, ``_remember_resume``), which reach the delivery's :class:`TrackerNotes`: a
+warning given once, a value refused, the tracker's run named.
 
 A third-party tracker subclasses :class:`Tracker` (docs/backends/README.md shows one); the
 built-in ones subclass ``otel_rl.exporters.TrackerExporter``, a tracker that is also an OTel
@@ -92,14 +93,15 @@ class Tracker:
     #: Config overrides that reopen this tracker's run later (``otel-rl replay``, a relaunch);
     #: set it in ``open()``, e.g. ``{"mlflow": {"run_id": run.info.run_id}}``.
     resume_config: dict[str, Any]
-    #: Where the tracker's warnings and refusals go: the delivery that holds it sets this.
-    notes: TrackerNotes
+    # Where the tracker's warnings and refusals go: the delivery that holds it sets this (a
+    # name of ours, never one a tracker's own options take).
+    _notes: TrackerNotes
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Tracker:
         # Set before any __init__ runs, so that a subclass's own __init__ need not call ours.
         tracker = super().__new__(cls)
         tracker.resume_config = {}
-        tracker.notes = _Unheld()
+        tracker._notes = _Unheld()
         return tracker
 
     @classmethod
@@ -126,11 +128,11 @@ class Tracker:
 
     def write_plot(self, name: str, step: int, png: bytes) -> None:
         """Store a rendered figure; trackers without images skip it (one warning)."""
-        self.notes.warn_once("no-plot", "%s: plots are not supported; %r skipped", self.name, name)
+        self._notes.warn_once("no-plot", "%s: plots are not supported; %r skipped", self.name, name)
 
     def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         """Store a table; trackers without tables skip it (one warning)."""
-        self.notes.warn_once("no-table", "%s: tables are not supported; %r skipped", self.name,
+        self._notes.warn_once("no-table", "%s: tables are not supported; %r skipped", self.name,
                              name)  # fmt: skip
 
     def write_event(self, event: Event) -> None:
@@ -184,15 +186,15 @@ class Tracker:
     # ---- for subclasses: what the tracker tells its delivery ---------------------------------
 
     def _warn_once(self, kind: str, message: str, *args: Any) -> None:
-        self.notes.warn_once(kind, message, *args)
+        self._notes.warn_once(kind, message, *args)
 
     def _value_refused(self, kind: str, key: str, reason: str) -> None:
         """One value of a record that the tracker refused for good while it took the record's
         other values: the delivery counts it (``stats["refused_values"]``; the record itself
         counts as delivered) and names it once per key."""
-        self.notes.value_refused(self.name, kind, key, reason)
+        self._notes.value_refused(self.name, kind, key, reason)
 
     def _remember_resume(self) -> None:
         """For trackers that open their run lazily: :attr:`resume_config` is now set."""
         if self.resume_config:
-            self.notes.run_named()
+            self._notes.run_named()

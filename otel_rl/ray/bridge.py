@@ -20,7 +20,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from otel_rl.core.records import StepBatch
+from otel_rl.delivery.channel import Channel
 from otel_rl.delivery.fanout import Fanout
+from otel_rl.delivery.tracker import Tracker
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.ray.gpu_metrics import tracker_rows
 from otel_rl.ray.scraper import Collection, RayNodeScraper
@@ -57,7 +59,8 @@ class GpuMonitor:
 
     ``meter_provider`` gets the ``ray.node.*`` gauges and ``otel_rl.scrape.*`` metrics (pass the
     Logger's side provider: read by Prometheus/OTLP only). ``exporters`` (a
-    :class:`~otel_rl.delivery.fanout.Fanout`, or exporters to make one of) get the tracker rows.
+    :class:`~otel_rl.delivery.fanout.Fanout`, or trackers, each delivered by its channel) get the
+    tracker rows.
     """
 
     def __init__(
@@ -65,11 +68,14 @@ class GpuMonitor:
         scraper: RayNodeScraper,
         *,
         meter_provider: Any = None,
-        exporters: Fanout | Sequence[Any] = (),
+        exporters: Fanout | Sequence[Tracker] = (),
         flush_interval: float = 10.0,
     ) -> None:
         self.scraper = scraper
-        self.fanout = exporters if isinstance(exporters, Fanout) else Fanout(exporters)
+        self.fanout = (
+            exporters if isinstance(exporters, Fanout)
+            else Fanout([Channel.of(tracker) for tracker in exporters])
+        )  # fmt: skip
         self.flush_interval = float(flush_interval)
         self._buffer: list[StepBatch] = []
         self._lock = threading.Lock()

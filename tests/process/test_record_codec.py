@@ -177,3 +177,18 @@ def test_a_steps_json_is_encoded_once_for_every_spool():
     assert batch.encoded is not None
     assert encode_record(2, batch) == first.replace('"seq":1}', '"seq":2}')
     assert record_json(batch) is batch.encoded
+
+
+def test_a_body_an_earlier_version_left_in_a_handoff_file_is_still_read():
+    """``otel-rl replay`` after an upgrade reads the handoff files a killed training process of
+    the earlier version left: its frames carried a step as its rows and other records as their
+    spool encoding, in tuples."""
+    rows = {"loss": 0.5, "note": "naïve", "lat": HISTOGRAM}
+    earlier = ("step", 7, 1_700_000_000.5, None, {"gpu": "ray/ray_step"}, rows, 7, False)
+    batch = record_from_body(pickle.dumps(earlier))
+    assert isinstance(batch, StepBatch)
+    assert (batch.step, batch.time, batch.seal, batch.provisional) == (7, 1_700_000_000.5, 7, False)
+    assert batch.rows == rows and dict(batch.step_metrics) == {"gpu": "ray/ray_step"}
+    params = Hyperparams({"lr": 1e-6, "model.name": "tiny"})
+    back = record_from_body(pickle.dumps(("kind", "hyperparams", params.encode())))
+    assert isinstance(back, Hyperparams) and dict(back.params) == dict(params.params)
