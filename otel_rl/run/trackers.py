@@ -82,8 +82,8 @@ class RunTrackers:
                 handoff_dir=handoff_dir(self._log_dir) if cfg.export.spool else None,
             )
         #: The deliveries of the trackers built in this process (the config's, unless the
-        #: delivery process holds them, and those given).
-        self.local = [Channel.of(tracker) for tracker in _trackers(given)]
+        #: delivery process holds them, and those given; a tracker given twice is one).
+        self.local = list(dict.fromkeys(Channel.of(tracker) for tracker in _trackers(given)))
         if self.link is None:
             self.local[:0] = [Channel.of(cls.from_config(cfg)) for cls in classes]
         self.exporters: list[Delivery] = [*(self.link.trackers if self.link else ()), *self.local]

@@ -163,3 +163,12 @@ def test_the_run_and_the_fanout_neither_check_types_nor_probe_trackers():
     paths = [*sorted((ROOT / "otel_rl" / "run").glob("*.py")),
              ROOT / "otel_rl" / "delivery" / "fanout.py"]  # fmt: skip
     assert _calls(paths) == []
+
+
+def test_a_tracker_given_twice_is_one_delivery_and_gets_each_step_once(tmp_path):
+    tracker = ListTracker()
+    cfg = {"log_dir": str(tmp_path), "jsonl_enabled": False}
+    with Logger(cfg, exporters=[tracker, tracker]) as logger:
+        logger.log_metrics({"loss": 0.5}, step=1)
+        assert len(logger.exporters) == 1
+    assert tracker.steps == [(1, {"loss": 0.5})]
