@@ -172,3 +172,22 @@ def test_a_tracker_given_twice_is_one_delivery_and_gets_each_step_once(tmp_path)
         logger.log_metrics({"loss": 0.5}, step=1)
         assert len(logger.exporters) == 1
     assert tracker.steps == [(1, {"loss": 0.5})]
+
+
+def test_in_process_mode_the_configs_trackers_are_there_and_those_given_stay_here(tmp_path):
+    """docs/backends/README.md: a tracker of the delivery process has no ``tracker`` here (its
+    class is known); a tracker given as an instance stays in this process with its own."""
+    from otel_rl.exporters.jsonl import JsonlExporter
+
+    given = ListTracker()
+    cfg = {"log_dir": str(tmp_path), "export": {"delivery": "process"}}
+    with Logger(cfg, exporters=[given]) as logger:
+        logger.log_metrics({"loss": 0.5}, step=1)
+        remote, local = logger.exporters
+        assert (remote.name, remote.tracker, remote.tracker_class) == ("jsonl", None,
+                                                                       JsonlExporter)
+        assert local.tracker is given
+    assert given.steps == [(1, {"loss": 0.5})]
+    assert remote.stats["delivered"] == 1 and remote.undelivered == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [(1, 0.5)]
