@@ -4,6 +4,7 @@
                                     # replay_drain's 2,000,000-record backlogs)
     python -m benchmarks --quick    # seconds; what CI runs so the benchmarks never rot
     python -m benchmarks --only scaling,training_thread
+    python -m benchmarks --against main   # the training thread's cost here beside a revision
 
 Each benchmark measures otel-rl and a baseline in the same run, alternating, and reports medians
 and the ratio. Nothing here asserts a speed: the numbers are for people to read.
@@ -45,7 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, seconds in total")
     parser.add_argument("--only", default="", help="comma-separated benchmark names")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
+    parser.add_argument(
+        "--against", metavar="REV", default=None,
+        help="instead of the set: the hot loop on this git revision and on the working tree, "
+             "alternating, in one run (benchmarks/against.py)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.against is not None:
+        return _against(args.against, args.quick, Path(args.out))
     names = [n for n in args.only.split(",") if n] or list(BENCHMARKS)
     results: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpus": _cpus(),
@@ -91,6 +99,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped {len(missing)} benchmark(s): {skipped}; {FULL_INSTALL} installs "
               "everything they need")  # fmt: skip
     return 1 if failed else 0
+
+
+def _against(rev: str, quick: bool, out: Path) -> int:
+    from benchmarks.against import compare
+
+    print(f"## against {rev}", flush=True)
+    try:
+        rows = compare(rev, quick=quick)
+    except ValueError as exc:  # an unknown revision: say so, no traceback
+        print(f"   {exc}", file=sys.stderr)
+        return 2
+    _print_table(rows)
+    out.write_text(json.dumps({"against": rows}, indent=2, default=str))
+    print(f"wrote {out}")
+    return 0
 
 
 def missing_package(exc: BaseException) -> str | None:

@@ -6,7 +6,9 @@ Measured per ``flatten_into`` call (what ``log_metrics`` does with the value on 
 thread), medians: numpy's summary of large arrays (otel-rl) against the exact path every list
 takes, which large arrays took before (``tolist``, a sort and ``math.fsum`` in Python), given
 the same array, alternately in the same run; for a float32 numpy array and a bfloat16 torch
-tensor.
+tensor. And per ``log_histogram`` of a float32 numpy array (its binning, on the caller's thread
+too): numpy's binning (otel-rl) against what every histogram took before, each element through
+``float()`` and binned in Python.
 """
 
 from __future__ import annotations
@@ -49,9 +51,32 @@ def measure(size: int, repeat: int, kind: str) -> dict[str, Any]:
             "exact_path_ms": round(baseline * 1e3, 2), "ratio": round(baseline / otel, 1)}
 
 
+def measure_histogram(size: int, repeat: int) -> dict[str, Any]:
+    import numpy as np
+
+    from otel_rl.core.records import histogram_of
+    from otel_rl.core.values import histogram_of_values
+
+    value = np.random.default_rng(size).normal(0.0, 1.0, size).astype(np.float32)
+    fast, exact = [], []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        histogram_of_values(value, 30)
+        fast.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        histogram_of([float(v) for v in value], 30)  # Logger.log_histogram before numpy's path
+        exact.append(time.perf_counter() - began)
+    otel, baseline = statistics.median(fast), statistics.median(exact)
+    return {"elements": size, "kind": "log_histogram numpy-float32",
+            "otel_rl_ms": round(otel * 1e3, 2), "exact_path_ms": round(baseline * 1e3, 2),
+            "ratio": round(baseline / otel, 1)}  # fmt: skip
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    return [measure(size, repeat, kind) for size, repeat in (QUICK if quick else FULL)
+    sizes = QUICK if quick else FULL
+    rows = [measure(size, repeat, kind) for size, repeat in sizes
             for kind in ("numpy-float32", "torch-bfloat16")]  # fmt: skip
+    return rows + [measure_histogram(size, repeat) for size, repeat in sizes]
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
@@ -70,6 +71,32 @@ class TrackerConfig:
     sdk_init: SdkInit | None = None
 
 
+#: Names already warned about: each deprecated alias says so once per process.
+_MOVED_WARNED: set[str] = set()
+
+
+def _moved_to_delivery(name: str) -> Any:
+    """A read-only alias of ``self.delivery.<name>`` that warns once (``DeprecationWarning``).
+
+    The counters moved to the delivery (the tracker holds only its verbs); code that
+    read them on the exporter keeps working one more release, told where they went.
+    """
+
+    def moved(self: TrackerExporter) -> Any:
+        if name not in _MOVED_WARNED:
+            _MOVED_WARNED.add(name)
+            warnings.warn(
+                f"{type(self).__name__}.{name} is deprecated and will be removed in the next "
+                f"release: a tracker's counters are its delivery's, read "
+                f"exporter.delivery.{name} (or the entry of logger.exporters)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        return getattr(self.delivery, name)
+
+    return property(moved, doc=f"Deprecated: ``delivery.{name}``.")
+
+
 class TrackerExporter(Tracker, MetricExporter):
     """A :class:`~otel_rl.delivery.tracker.Tracker` an OTel reader can export to. The keyword
     arguments set how its :attr:`delivery` works, over the ``export.*`` options of a Logger."""
@@ -94,6 +121,13 @@ class TrackerExporter(Tracker, MetricExporter):
         self.delivery = Channel(self, given={k: v for k, v in given.items() if v is not None})
         if spool_dir is not None:
             self.delivery.attach(None, spool_dir, spool_meta)
+
+    # Deprecated aliases of the delivery's counters (removed in the next release).
+    stats = _moved_to_delivery("stats")
+    lost = _moved_to_delivery("lost")
+    pending = _moved_to_delivery("pending")
+    failure = _moved_to_delivery("failure")
+    undelivered = _moved_to_delivery("undelivered")
 
     # ---- OTel MetricExporter API -------------------------------------------------------------
 

@@ -11,8 +11,9 @@ from typing import Any
 
 from otel_rl.config.loading import resolve_settings
 from otel_rl.core.errors import MetricError, MetricReporter
-from otel_rl.core.records import Hyperparams, Plot, Table, histogram_of
+from otel_rl.core.records import Hyperparams, Plot, Table
 from otel_rl.core.redaction import compile_patterns, flatten_params, redact
+from otel_rl.core.values import histogram_of_values
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import exit_code_of
@@ -173,12 +174,21 @@ class Logger:
         self._fanout.send(table)
 
     def log_histogram(self, values: Sequence[float], step: int, name: str, bins: int = 30) -> None:
-        """Log the distribution of ``values`` at ``step`` as a histogram (plus summary stats)."""
-        numbers = [float(v) for v in values]
-        if not numbers:
+        """Log the distribution of ``values`` at ``step`` as a histogram (plus summary stats).
+
+        ``values``: numbers, or an array or tensor (flattened). Large ones are binned by numpy
+        (docs/configuration.md). A value that is not a number, or ``bins`` that is not a
+        positive integer, skips this histogram alone, with a warning (raises in strict mode).
+        """
+        try:
+            histogram = histogram_of_values(values, bins)
+        except Exception as exc:  # whatever the values do costs this histogram only
+            self._report(name, f"histogram skipped: {type(exc).__name__}: {exc}")
+            return
+        if histogram is None:
             self._report(name, "empty histogram skipped")
             return
-        self.log_metrics({name: histogram_of(numbers, bins)}, step=step)
+        self.log_metrics({name: histogram}, step=step)
 
     def timer(self, name: str) -> Timer:
         """Time a block or a function into the histogram ``timing/<name>`` (seconds).

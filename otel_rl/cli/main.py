@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -167,10 +168,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit code of a command whose stdout was closed before it had printed everything
+#: (``otel-rl why DIR --json | head -2``): 128 + SIGPIPE, what the shell reports for a tool
+#: that signal ended (``cat``), so ``set -o pipefail`` scripts see the same. No traceback.
+STDOUT_CLOSED = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    return int(args.run(args) or 0)
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+            logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+            return int(args.run(args) or 0)
+        finally:
+            # Flushed here, not by the interpreter at exit, where a closed pipe is a message
+            # on stderr and exit code 120.
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe: a real error
+        # The Python docs' advice (signal module, "Note on SIGPIPE"): stdout to devnull, so the
+        # interpreter's own flush at exit has nowhere to fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return STDOUT_CLOSED
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has gone."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a file
+        return False
+    import select
+
+    if not hasattr(select, "poll"):  # Windows: a broken pipe on the way out is stdout's
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _why(args: argparse.Namespace) -> int:

@@ -2,9 +2,11 @@
 
 Reads each tracker's spool under ``<log_dir>/.otel-rl/spool/``, rebuilds the tracker from the
 run's saved config (plus what the tracker recorded to reopen its run, e.g. the MLflow or W&B run
-id), and writes every record not yet marked done, in step order, on this thread. Each record is
-marked done as soon as the tracker holds it, so a replay killed at any moment and run again
-converges to every record delivered exactly once.
+id), and writes every record not yet marked done, in step order. The trackers are replayed side
+by side, each on a thread of its own (:func:`_side_by_side`; the launches of one tracker's run
+one after another on it, in the order they ran), so a slow tracker holds back only itself. Each
+record is marked done as soon as the tracker holds it, so a replay killed at any moment and run
+again converges to every record delivered exactly once.
 
 The backlog is never held in memory, however long: each spool is read once for what to send and
 in what order (:class:`_Plan`: a few numbers per run of records in step order, none per record),
@@ -19,7 +21,8 @@ process holds it while it runs, a replay while it delivers, so two replays or a 
 live run never deliver the same records. A tracker runs in the directory the run started in, so
 relative paths (``log_dir``, ``jsonl.path``, an MLflow ``sqlite:///`` store) land where the run
 wrote them, whichever directory the replay is started from; this changes the process's working
-directory while a tracker is replayed.
+directory while a tracker is replayed (:class:`_WorkingDirectory`: trackers whose runs started in
+one directory share it, one started elsewhere waits for it).
 """
 
 from __future__ import annotations
@@ -178,21 +181,102 @@ def replay(
             if intake.busy is not None or intake.error is not None:
                 results.append(ReplayResult("handoff", f"pid {intake.pid}", 0, 0,
                                             busy=intake.busy, error=intake.error))  # fmt: skip
-        for directory in spooled_runs(log_dir, run_id, before_attempt):
-            if interrupted:
-                break
+        bars = _Bars(progress)
+        workdir = _WorkingDirectory()
+
+        def replay_one(directory: Path) -> ReplayResult:
             try:
-                results.append(
-                    _replay_one(directory, log_dir, progress, timeout, interrupted, wait)
-                )
+                return _replay_one(directory, log_dir, bars, workdir, timeout, interrupted, wait)
             except Exception as exc:  # one broken spool must not stop the others
-                results.append(
-                    ReplayResult(directory.parent.name, directory.name, _waiting(directory), 0,
-                                 error=f"{type(exc).__name__}: {exc}")
-                )  # fmt: skip
+                return ReplayResult(directory.parent.name, directory.name, _waiting(directory),
+                                    0, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+
+        try:
+            results += _side_by_side(spooled_runs(log_dir, run_id, before_attempt), replay_one,
+                                     interrupted)  # fmt: skip
+        finally:
+            bars.close()
     if interrupted:
         raise _Interrupted(interrupted[0], results)
     return results
+
+
+def _side_by_side(
+    directories: list[Path], replay_one: Callable[[Path], ReplayResult], interrupted: list[int]
+) -> list[ReplayResult]:
+    """``replay_one`` of each spool directory, every tracker's on a thread of its own, so that a
+    slow tracker (a server taking 40 steps a second) holds back no other; a tracker's launches
+    go one after another on its thread, in the order given (an earlier attempt's records before
+    a later one's). Results come in the order of ``directories``, whichever finished first.
+    SIGINT/SIGTERM reach the calling thread, which waits here; each thread stops between two
+    writes (``interrupted``) and starts no further spool."""
+    by_tracker: dict[str, list[int]] = {}
+    for index, directory in enumerate(directories):
+        by_tracker.setdefault(directory.parent.name, []).append(index)
+    found: list[ReplayResult | None] = [None] * len(directories)
+
+    def deliver(indices: list[int]) -> None:
+        for index in indices:
+            if interrupted:
+                break
+            found[index] = replay_one(directories[index])
+
+    if len(by_tracker) <= 1:  # one tracker: this thread, as ever
+        for indices in by_tracker.values():
+            deliver(indices)
+    else:
+        threads = [
+            threading.Thread(
+                target=deliver, args=(indices,), name=f"otel-rl replay {tracker}", daemon=True
+            )
+            for tracker, indices in by_tracker.items()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():  # a timed join: the signal handlers run in between
+                thread.join(0.2)
+    return [result for result in found if result is not None]
+
+
+class _WorkingDirectory:
+    """The process's one working directory, shared by the trackers replayed side by side. A
+    tracker runs in the directory its run started in (its relative paths land where the run
+    wrote them); trackers that need the same directory are in it together, one that needs
+    another waits until no tracker is in it (a process has one working directory: a relaunch in
+    another folder, or a log dir replayed both from where it was and from a copy)."""
+
+    def __init__(self) -> None:
+        try:
+            self.home: Path | None = Path(os.getcwd())
+        except OSError:  # the replay's own directory was removed: relative paths stay unusable
+            self.home = None
+        self._free = threading.Condition()
+        self._held = self.home
+        self._users = 0
+
+    @contextlib.contextmanager
+    def at(self, directory: Path | None) -> Iterator[None]:
+        """In ``directory`` (``None``: the directory the replay started in) while it lasts."""
+        wanted = directory if directory is not None else self.home
+        with self._free:
+            while self._users and self._held != wanted:
+                self._free.wait()
+            if not self._users and wanted is not None and wanted != self._held:
+                os.chdir(wanted)  # raises (a folder gone) before it counts as held
+                self._held = wanted
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._free:
+                self._users -= 1
+                if not self._users:
+                    if self.home is not None and self._held != self.home:
+                        with contextlib.suppress(OSError):
+                            os.chdir(self.home)
+                    self._held = self.home
+                    self._free.notify_all()
 
 
 def _waiting(directory: Path) -> int:
@@ -316,7 +400,8 @@ def _held(line: Skipped) -> str:
 def _replay_one(
     directory: Path,
     log_dir: Path,
-    progress: bool,
+    bars: _Bars,
+    workdir: _WorkingDirectory,
     timeout: float,
     interrupted: list[int],
     wait: float,
@@ -352,7 +437,7 @@ def _replay_one(
         return ReplayResult(tracker, run_id, pending_count(directory), 0,
                             error=_unwritable(directory, exc))  # fmt: skip
     try:
-        return _deliver_spool(directory, log_dir, meta, progress, timeout, interrupted)
+        return _deliver_spool(directory, log_dir, meta, bars, workdir, timeout, interrupted)
     finally:
         lock.release()
 
@@ -404,7 +489,8 @@ def _deliver_spool(
     directory: Path,
     log_dir: Path,
     meta: Mapping[str, Any],
-    progress: bool,
+    bars: _Bars,
+    workdir: _WorkingDirectory,
     timeout: float,
     interrupted: list[int],
 ) -> ReplayResult:
@@ -412,7 +498,8 @@ def _deliver_spool(
     acks = read_acks(directory)
     plan = _Plan(directory, acks, int(meta.get("last_seq") or 0))
     try:
-        return _deliver_plan(plan, tracker, run_id, log_dir, meta, progress, timeout, interrupted)
+        return _deliver_plan(plan, tracker, run_id, log_dir, meta, bars, workdir, timeout,
+                             interrupted)  # fmt: skip
     finally:
         plan.close()
 
@@ -423,7 +510,8 @@ def _deliver_plan(
     run_id: str,
     log_dir: Path,
     meta: Mapping[str, Any],
-    progress: bool,
+    bars: _Bars,
+    workdir: _WorkingDirectory,
     timeout: float,
     interrupted: list[int],
 ) -> ReplayResult:
@@ -444,9 +532,9 @@ def _deliver_plan(
     if started and base != Path(started):
         _log.warning(
             "otel-rl replay: %s: the run started in %s%s; its relative paths start at %s",
-            tracker, started, "" if Path(started).is_dir() else " (gone)", base or Path.cwd(),
+            tracker, started, "" if Path(started).is_dir() else " (gone)", base or workdir.home,
         )  # fmt: skip
-    with _working_directory(base):
+    with workdir.at(base):
         # Built only when something waits: a spool with nothing to send needs no tracker (an
         # exporter given to the Logger as an instance may have no entry point to build it by).
         exporter = exporter_class(tracker).from_config(cfg) if plan.sendable else None
@@ -459,7 +547,7 @@ def _deliver_plan(
             marks.mark(itertools.chain(plan.done, landed))
             if exporter is not None and result.pending:
                 opened = exporter  # its resume_config is set as the tracker opens its run
-                _deliver(exporter, meta, plan.records(landed), marks, result, progress, timeout,
+                _deliver(exporter, meta, plan.records(landed), marks, result, bars, timeout,
                          interrupted, lambda: _save_resume(directory, meta, opened.resume_config))
             marks.set_aside(plan.skipped)
         finally:
@@ -894,14 +982,14 @@ def _deliver(
     records: Iterator[tuple[int, Any]],
     marks: DoneMarks,
     result: ReplayResult,
-    progress: bool,
+    bars: _Bars,
     timeout: float,
     interrupted: list[int],
     on_open: Callable[[], None],
 ) -> None:
     channel = Channel.of(exporter)  # its writer calls the tracker here, on this thread
     writer = channel.writer()
-    advance = _progress(progress, exporter.name, result.pending)
+    advance = bars.bar(exporter.name, result.pending)
     deadline = time.monotonic() + timeout
     backoff = 0.0
     position = 0
@@ -998,19 +1086,35 @@ def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, An
     return out
 
 
-def _progress(enabled: bool, tracker: str, total: int) -> Callable[..., None]:
-    """A callable ``(completed, done=False)`` drawing a progress bar (or nothing)."""
-    if not enabled:
-        return lambda completed, done=False: None
-    from rich.progress import Progress
+class _Bars:
+    """One progress display for the trackers replayed side by side (a terminal holds one live
+    display): a bar per tracker and run, each moved by its tracker's thread."""
 
-    bar = Progress(transient=False)
-    bar.start()
-    task = bar.add_task(f"replay {tracker}", total=total)
+    def __init__(self, enabled: bool) -> None:
+        self._enabled = enabled
+        self._lock = threading.Lock()
+        self._display: Any = None
 
-    def update(completed: int, done: bool = False) -> None:
-        bar.update(task, completed=completed)
-        if done:
-            bar.stop()
+    def bar(self, tracker: str, total: int) -> Callable[..., None]:
+        """A callable ``(completed, done=False)`` moving a new bar (or nothing)."""
+        if not self._enabled:
+            return lambda completed, done=False: None
+        with self._lock:
+            if self._display is None:
+                from rich.progress import Progress
 
-    return update
+                self._display = Progress(transient=False)
+                self._display.start()
+            display = self._display
+            task = display.add_task(f"replay {tracker}", total=total)
+
+        def update(completed: int, done: bool = False) -> None:
+            display.update(task, completed=completed)
+
+        return update
+
+    def close(self) -> None:
+        with self._lock:
+            if self._display is not None:
+                self._display.stop()
+                self._display = None

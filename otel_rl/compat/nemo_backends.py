@@ -6,16 +6,16 @@ the same SDK calls, on the caller's thread. Inside the drop-in ``Logger`` every 
 ``LoggerInterface`` receives is made on that logger's own delivery thread instead
 (:mod:`otel_rl.compat.nemo_channels`).
 
-The SDKs (``wandb``, ``swanlab``, ``mlflow``, ``SummaryWriter``) are looked up as attributes of
-:mod:`otel_rl.compat.nemo_rl` at each use, where they are imported on first access: code that
-patches ``otel_rl.compat.nemo_rl.wandb`` (as NeMo RL's tests patch ``nemo_rl.utils.logger.wandb``)
-reaches these classes, and importing the drop-in stays light.
+The SDKs (``wandb``, ``swanlab``, ``mlflow``, ``SummaryWriter``) are looked up with
+:func:`~otel_rl.compat.nemo_sdks.sdk` at each use, as attributes of
+:mod:`otel_rl.compat.nemo_rl` once it is imported, where they are imported on first access: code
+that patches ``otel_rl.compat.nemo_rl.wandb`` (as NeMo RL's tests patch
+``nemo_rl.utils.logger.wandb``) reaches these classes, and importing the drop-in stays light.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
 import os
 import subprocess
@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from otel_rl.compat.nemo_sdks import sdk
 from otel_rl.compat.nemo_utils import flatten_dict
 from otel_rl.process.fork_safe_log import log as _log
 
@@ -35,11 +36,6 @@ __all__ = [
     "merge_generation_logger_workers",
     "summarize_list",
 ]
-
-
-def sdk(name: str) -> Any:
-    """The SDK module (or class) ``name`` as ``otel_rl.compat.nemo_rl`` has it now."""
-    return getattr(importlib.import_module("otel_rl.compat.nemo_rl"), name)
 
 
 class LoggerInterface(ABC):

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from otel_rl.core.failures import Failure
 from otel_rl.core.records import Record
+from otel_rl.delivery.options import ExportOptions
 from otel_rl.exporters.base import TrackerExporter
 
 __all__ = ["METHODS", "InterfaceCall", "InterfaceExporter"]
@@ -61,12 +62,22 @@ class InterfaceExporter(TrackerExporter):
 
     name: ClassVar[str] = "nemo_rl_logger"
 
-    def __init__(self, backend: Any, *, queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(
+        self, backend: Any, *, queue_size: int = QUEUE_SIZE, shutdown_timeout: float | None = None
+    ) -> None:
         # Per instance, before the channel reads it: warnings name the logger.
         object.__setattr__(self, "name", f"nemo_rl logger {type(backend).__name__}")
         # The training loop never waits for a user's logger: a full queue drops the oldest call.
         super().__init__(queue_size=queue_size, on_full="drop_oldest")
         self.backend = backend
+        # What the run's end says of calls left: in the user's terms, the Logger's deadline
+        # (``export.shutdown_timeout``, of which finish() gives it what is left) and why they
+        # are lost (there is no spool to turn on).
+        self.delivery.memory_only = (
+            "a LoggerInterface's calls hold live objects (figures, tensors) and are never spooled"
+        )
+        if shutdown_timeout is not None:
+            self.delivery.attach(ExportOptions(shutdown_timeout=shutdown_timeout), None, None)
 
     def call(self, record: InterfaceCall) -> None:
         getattr(self.backend, record.method)(*record.args)

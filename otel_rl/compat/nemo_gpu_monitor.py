@@ -6,7 +6,7 @@ reports GPU memory in MiB under a bytes unit, host memory in bytes). The drop-in
 uses the bridge itself (``Logger.gpu_monitor``: concurrent scrapes, per-node timeouts, rows on
 the step axis); this class is for code that builds NeMo RL's monitor by hand, with NeMo RL's
 constructor, methods and buffer. ``ray``, ``requests`` and the collection loop's ``time`` are
-looked up on ``otel_rl.compat.nemo_rl`` at each use (see :mod:`otel_rl.compat.nemo_backends`).
+looked up on ``otel_rl.compat.nemo_rl`` at each use (see :mod:`otel_rl.compat.nemo_sdks`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from otel_rl.compat.nemo_backends import sdk
+from otel_rl.compat.nemo_sdks import sdk
 from otel_rl.ray.gpu_metrics import (
     GIB,
     GPU_MEMORY_USED,

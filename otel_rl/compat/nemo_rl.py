@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import os
 import re
 import sys
@@ -74,6 +73,7 @@ from otel_rl.compat.nemo_backends import (
     summarize_list,
 )
 from otel_rl.compat.nemo_gpu_monitor import GpuMetricSnapshot, RayGpuMonitorLogger
+from otel_rl.compat.nemo_sdks import LAZY_SDKS, hold_sdks_on, imported_sdk
 from otel_rl.compat.nemo_timer import ThreadSafeTimer, TimeoutChecker, Timer, convert_to_seconds
 from otel_rl.compat.nemo_utils import (
     configure_rich_logging,
@@ -124,27 +124,20 @@ _summarize_list = summarize_list
 # (``<module>.threading.Thread``, ``<module>.time``): the GPU monitor reads its clock here.
 _THREADING, _TIME = threading, time
 
-#: The SDKs NeMo RL's module imports at its top, imported here on first access (``import
-#: otel_rl.compat.nemo_rl`` stays light): attribute → (module, name in it or None).
-_LAZY_ATTRIBUTES: dict[str, tuple[str, str | None]] = {
-    "wandb": ("wandb", None),
-    "swanlab": ("swanlab", None),
-    "mlflow": ("mlflow", None),
-    "ray": ("ray", None),
-    "requests": ("requests", None),
-    "plt": ("matplotlib.pyplot", None),
-    "SummaryWriter": ("torch.utils.tensorboard", "SummaryWriter"),
-}
-
 
 def __getattr__(name: str) -> Any:
-    spec = _LAZY_ATTRIBUTES.get(name)
-    if spec is None:
+    """The SDKs NeMo RL's module imports at its top, imported here on first access (``import
+    otel_rl.compat.nemo_rl`` stays light): ``nemo_sdks.LAZY_SDKS``."""
+    if name not in LAZY_SDKS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(spec[0])
-    value = getattr(module, spec[1]) if spec[1] else module
+    value = imported_sdk(name)
     globals()[name] = value
     return value
+
+
+# The backend classes and the GPU monitor look their SDKs up here from now on, so that patching
+# them here reaches those classes, which never import this module.
+hold_sdks_on(sys.modules[__name__])
 
 
 #: The per-backend classes by config key, in the order NeMo RL's Logger builds them.
@@ -568,7 +561,10 @@ class Logger(CoreOutputs):
                 if known is None or known[0] is not backend:
                     if not self._channels:
                         self._finish_at_exit()
-                    known = (backend, InterfaceExporter(backend))
+                    exporter = InterfaceExporter(
+                        backend, shutdown_timeout=self.cfg.export.shutdown_timeout
+                    )
+                    known = (backend, exporter)
                     self._channels[id(backend)] = known
             known[1].delivery.submit(record)
 

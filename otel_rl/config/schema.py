@@ -280,7 +280,9 @@ class ExportSection(Section):
     )
     retry_max_backoff: Seconds = _field(
         ExportOptions.retry_max_backoff,
-        "ceiling of the exponential retry backoff",
+        "ceiling of the exponential retry backoff (a server's `Retry-After` is honoured up to "
+        "a minute, or this when longer: "
+        "[reliability.md](reliability.md#errors-transient-or-permanent))",
         shown_type="seconds",
     )
     spool: bool = _field(True, "write-ahead log per tracker under `<log_dir>/.otel-rl/spool/`")

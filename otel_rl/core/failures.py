@@ -3,7 +3,8 @@
 Three kinds:
 
 - **transient**: the tracker may accept the same write later (connection refused or reset, a
-  timeout, HTTP 429 or 5xx, a full disk). Retried with jittered exponential backoff.
+  timeout, HTTP 429 or 5xx, a full disk). Retried with jittered exponential backoff, or later
+  when the server said when (``Retry-After``: :func:`retry_after_of`, :func:`retry_wait`).
 - **permanent**: the tracker will refuse every write until the user changes something (a typo in
   its settings, no API key, an unusable path, a missing package). The tracker stops at once; its
   records stay in the spool for ``otel-rl replay`` once fixed.
@@ -13,8 +14,15 @@ Three kinds:
 
 from __future__ import annotations
 
+import dataclasses
+import email.utils
 import errno
+import math
+import random
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timezone
 from typing import Literal
 
 Kind = Literal["transient", "permanent", "record"]
@@ -48,6 +56,7 @@ LOSS_REASONS = {
     "corrupt": "in spool lines that could not be read back (otel-rl replay)",
     "delivery_process": "not handed to the delivery process, which had exited "
     "(export.delivery: process)",
+    "after_shutdown": "sent to the tracker after its shutdown (the run had ended)",
 }
 
 
@@ -80,6 +89,9 @@ class Failure:
     kind: Kind
     error: BaseException
     hint: str = ""
+    #: Seconds the tracker's server asked to be left alone before the next attempt
+    #: (``Retry-After``), for a transient failure that said so; :func:`retry_wait` honours it.
+    retry_after: float | None = None
 
     def describe(self) -> str:
         text = f"{type(self.error).__name__}: {self.error}"
@@ -100,7 +112,84 @@ def install_hint(tracker: str, module: str | None) -> str:
 
 
 def classify(exc: BaseException, phase: Phase, tracker: str) -> Failure:
-    """The kind of ``exc`` raised by ``tracker`` while opening it or writing a record."""
+    """The kind of ``exc`` raised by ``tracker`` while opening it or writing a record; a
+    transient one keeps the ``Retry-After`` it carries (:func:`retry_after_of`)."""
+    failure = _kind_of(exc, phase, tracker)
+    if failure.kind == "transient":
+        wait = retry_after_of(exc)
+        if wait is not None:
+            return dataclasses.replace(failure, retry_after=wait)
+    return failure
+
+
+#: The longest ``Retry-After`` honoured, unless ``export.retry_max_backoff`` is longer: rate
+#: limits ask for seconds to a minute, and a longer one (a proxy's misconfiguration, a date
+#: from a clock far off ours) must not hold a tracker back for the rest of the run.
+RETRY_AFTER_CAP = 60.0
+
+
+def retry_wait(backoff: float, failure: Failure, max_backoff: float) -> float:
+    """Seconds to wait after ``failure`` before the next attempt: the exponential ``backoff``
+    jittered down to half at random (the ranks of a job hitting one recovering server spread
+    out), or the server's ``Retry-After`` when longer, up to :data:`RETRY_AFTER_CAP` (or
+    ``max_backoff``, ``export.retry_max_backoff``, when that is longer)."""
+    wait = backoff * random.uniform(0.5, 1.0)
+    if failure.retry_after is not None:
+        wait = max(wait, min(failure.retry_after, max(RETRY_AFTER_CAP, max_backoff)))
+    return wait
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """How long the server asked to wait before the next request, in seconds; None when it did
+    not say (or said nothing readable).
+
+    Read from the error's own ``retry_after`` (seconds: a tracker may raise an error that
+    carries it), else from a ``Retry-After`` header, in seconds or as an HTTP date, of the
+    error's ``headers`` (urllib's ``HTTPError``, aiohttp) or its ``response.headers``
+    (requests, httpx). A date already past means at once. MLflow's client honours
+    ``Retry-After`` in its own retries and raises without the headers."""
+    own = getattr(exc, "retry_after", None)
+    if isinstance(own, (int, float)) and not isinstance(own, bool):
+        return float(own) if math.isfinite(own) and own >= 0 else None
+    for headers in (getattr(exc, "headers", None),
+                    getattr(getattr(exc, "response", None), "headers", None)):  # fmt: skip
+        value = _header(headers, "retry-after")
+        if value is not None:
+            return _delay(value)
+    return None
+
+
+def _header(headers: object, name: str) -> str | None:
+    """``name`` (lower case) of a header collection, whatever its case there."""
+    if headers is None:
+        return None
+    try:  # collections of any client: a lookup that raises reads as no header
+        value = headers.get(name) if hasattr(headers, "get") else None
+        if value is None and isinstance(headers, Mapping):
+            value = next((v for k, v in headers.items() if str(k).lower() == name), None)
+    except Exception:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    return value if isinstance(value, str) else None
+
+
+def _delay(value: str) -> float | None:
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # "-0000": UTC, said without a zone
+            when = when.replace(tzinfo=timezone.utc)
+        return max(0.0, when.timestamp() - time.time())
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _kind_of(exc: BaseException, phase: Phase, tracker: str) -> Failure:
     if isinstance(exc, RowRejected):
         return Failure("record", exc)
     if isinstance(exc, ImportError):

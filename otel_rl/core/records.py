@@ -241,6 +241,9 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
+_ROWS_LOCK = threading.Lock()
+
+
 @dataclass(eq=False)
 class StepBatch(Record):
     """Everything logged at one step (or one point of another axis, see ``axis``).
@@ -267,7 +270,6 @@ class StepBatch(Record):
     seal: int | None = None
     provisional: bool = False
     _rows: dict[str, RowValue] | None = field(default=None, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     #: The batch's JSON (:func:`record_json`), encoded once for every tracker's spool.
     encoded: str | None = field(default=None, init=False, repr=False)
 
@@ -275,8 +277,14 @@ class StepBatch(Record):
     def rows(self) -> dict[str, RowValue]:
         """``{key: value}`` for this step: OTel data first, then the logged values on top."""
         rows = self._rows
-        if rows is None:
-            with self._lock:
+        if rows is None and not self.otel and type(self.values) is dict:
+            # The usual step (no OTel data): its values are its rows. The batch owns them (the
+            # step assembler starts a new dict at each seal), so no copy is made.
+            rows = self._rows = self.values
+        elif rows is None:
+            # One lock for every batch, not one made per step on the training thread: rows
+            # with OTel data are computed once, by the first tracker to ask.
+            with _ROWS_LOCK:
                 rows = self._rows
                 if rows is None:
                     rows = {}
@@ -526,7 +534,11 @@ class CountedHistogram(HistogramValue):
 def exact_sum(values: Sequence[float]) -> float:
     """The exact sum as a float (±inf beyond the float range): ``fsum`` raises when a partial
     sum overflows, though the total may fit, so it is summed at a smaller scale then."""
-    k = 1.0
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        pass
+    k = 2.0
     while True:
         try:
             return math.fsum(x / k for x in values) * k
@@ -534,15 +546,34 @@ def exact_sum(values: Sequence[float]) -> float:
             k *= 2.0
 
 
+def histogram_layout(lo: float, hi: float, bins: int) -> tuple[float, float, tuple[float, ...]]:
+    """``(scale, width, bounds)`` of ``bins`` equal-width bins from ``lo`` to ``hi``: the value
+    ``x`` falls in bin ``min(int((x * scale - lo * scale) / width), bins - 1)``. One rule for
+    both ways of binning (:func:`histogram_of` here, numpy's in ``core/values.py``), so that they
+    give the same bins and counts.
+
+    Degenerate ranges: values all equal, or so close that a bin's width rounds to zero (subnormal
+    differences: ``[0.0, 5e-324]``), are binned as one value is, every one in the first bin of
+    bins 1 wide. A range beyond the largest float (``[-1e308, 1e308]``) is measured in halves.
+    """
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"bins must be a positive integer, not {bins!r}")
+    scale = 0.5 if math.isinf(hi - lo) else 1.0
+    width = (hi * scale - lo * scale) / bins if hi > lo else 0.0
+    if width == 0.0:
+        scale, width = 1.0, 1.0
+    # lo * scale + width * i stays within [lo, hi] * scale: no bound overflows to inf.
+    bounds = tuple((lo * scale + width * i) / scale for i in range(1, bins))
+    return scale, width, bounds
+
+
 def histogram_of(numbers: Sequence[float], bins: int = 30) -> CountedHistogram:
     """Equal-width histogram of the finite ``numbers``; NaNs and infinities are counted apart."""
     finite = [x for x in numbers if math.isfinite(x)]
     nans = sum(1 for x in numbers if x != x)
-    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
-    # Two finite values can be further apart than the largest float: then measure in halves.
-    scale = 0.5 if math.isinf(hi - lo) else 1.0
-    width = (hi * scale - lo * scale) / bins if hi > lo else 1.0
-    bounds = tuple(lo + width / scale * i for i in range(1, bins))
+    # + 0.0 makes -0.0 0.0: which of the two equal zeros min() returns depends on their order.
+    lo, hi = (min(finite) + 0.0, max(finite) + 0.0) if finite else (0.0, 0.0)
+    scale, width, bounds = histogram_layout(lo, hi, bins)
     counts = [0] * bins
     for x in finite:
         counts[min(int((x * scale - lo * scale) / width), bins - 1)] += 1

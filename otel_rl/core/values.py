@@ -20,7 +20,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from otel_rl.core.errors import MetricError
-from otel_rl.core.records import CountedHistogram, HistogramValue, exact_sum
+from otel_rl.core.records import (
+    CountedHistogram,
+    HistogramValue,
+    exact_sum,
+    histogram_layout,
+    histogram_of,
+)
 
 #: Called as ``report(key, reason)`` for every value that is not logged as given.
 Reporter = Callable[[str, str], None]
@@ -49,6 +55,11 @@ def flatten_into(
     """
     nonfinite = 0
     for raw_key, value in metrics.items():
+        if type(value) is float and type(raw_key) is str and raw_key:  # most values: no more
+            out[f"{prefix}/{raw_key}" if prefix else raw_key] = value
+            if value - value != 0.0:  # NaN or ±inf, cheaper than math.isfinite on the hot path
+                nonfinite += 1
+            continue
         key: str = "<key>"
         try:
             if type(raw_key) is str:
@@ -216,6 +227,74 @@ def _summarize_array_into(out: dict[str, Any], key: str, value: Any) -> int | No
     for name, number in stats.items():
         out[f"{key}/{name}"] = number
     return 0
+
+
+def histogram_of_values(values: Any, bins: int = 30) -> CountedHistogram | None:
+    """:func:`~otel_rl.core.records.histogram_of` of ``values`` (a sequence of numbers, or an
+    array or tensor, flattened); ``None`` when there are none.
+
+    Arrays, tensors and lists of :data:`NUMPY_SUMMARY_FROM` elements and more are binned by
+    numpy when it is loaded (a 1M-element array in milliseconds, not half a second of Python on
+    the training thread): the same bounds, counts, count, min, max, ``nan_count`` and
+    ``inf_count`` as the exact path, the sum to within float rounding (numpy's pairwise sum).
+    A value that is not a number raises ``TypeError`` or ``ValueError``, as ``float()`` does.
+    """
+    size = _array_size(values)
+    is_array = size is not None
+    if size is None and isinstance(values, (list, tuple)):
+        size = len(values)
+    if size is not None and size >= NUMPY_SUMMARY_FROM:
+        histogram = _histogram_of_array(values, bins, is_array)
+        if histogram is not None:
+            return histogram
+    numbers = [float(v) for v in (_array_list(values) if is_array else values)]
+    return histogram_of(numbers, bins) if numbers else None
+
+
+def _histogram_of_array(value: Any, bins: int, is_array: bool) -> CountedHistogram | None:
+    """:func:`histogram_of` by numpy, or ``None`` (the exact path decides) when numpy is not
+    loaded or the values are not all real numbers."""
+    np = sys.modules.get("numpy")  # imported by whoever made the array; never imported here
+    if np is None:
+        return None
+    try:
+        if hasattr(value, "detach"):  # torch: off autograd and the device, as float64
+            value = value.detach().cpu().double().numpy()
+        array = np.asarray(value)
+        # A list must be one of numbers, as float() of each element would take it; an array is
+        # flattened.
+        if array.dtype.kind not in "biuf" or (not is_array and array.ndim != 1):
+            return None
+        flat = array.astype(np.float64, copy=False).reshape(-1)
+    except Exception:
+        return None
+    good = np.isfinite(flat)
+    finite = flat if good.all() else flat[good]
+    nans = int(np.isnan(flat).sum()) if len(finite) < len(flat) else 0
+    n = len(finite)
+    lo, hi = (float(finite.min()) + 0.0, float(finite.max()) + 0.0) if n else (0.0, 0.0)
+    scale, width, bounds = histogram_layout(lo, hi, bins)
+    total = 0.0
+    counts: list[int] = [0] * bins
+    if n:
+        # The same float operations as histogram_of's loop, element by element (IEEE doubles
+        # both), then truncated as int() does: the same bin for every value.
+        places = (finite * scale - lo * scale) / width
+        counts = np.bincount(np.minimum(places.astype(np.int64), bins - 1), minlength=bins).tolist()
+        with np.errstate(all="ignore"):
+            total = float(np.sum(finite))
+        if not math.isfinite(total):  # partial sums beyond the float range (inf or inf - inf)
+            total = exact_sum(finite.tolist())
+    return CountedHistogram(
+        bounds,
+        tuple(counts),
+        n,
+        total,
+        lo,
+        hi,
+        nan_count=nans,
+        inf_count=len(flat) - n - nans,
+    )
 
 
 def _summarize_into(out: dict[str, Any], key: str, values: list[Any], report: Reporter) -> int:

@@ -36,17 +36,19 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.core.failures import Failure, count_loss, losses
+from otel_rl.core.records import StepBatch
 from otel_rl.delivery.messages import (
     CLOSE_GRACE,
     left_behind_message,
     lost_message,
     refused_message,
     replay_hint,
+    sent_after_shutdown_message,
     undelivered_message,
 )
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.delivery.record_queue import Item, RecordQueue, is_checkpoint
-from otel_rl.delivery.spool import Spool, read_meta
+from otel_rl.delivery.spool import SeqSet, Spool, read_meta
 from otel_rl.delivery.tracker import Tracker
 from otel_rl.delivery.tracker_worker import Awaitable, TrackerWorker
 from otel_rl.delivery.writer import TrackerWriter
@@ -86,6 +88,9 @@ class Channel:
         self.stats: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         #: Records left undelivered by :meth:`shutdown` (in the spool when there is one).
         self.undelivered = 0
+        #: Why this tracker's records live in memory only, never in a spool, in its user's
+        #: words (set by what builds it); None: a spool is the run's choice (export.spool).
+        self.memory_only: str | None = None
         self._warned: set[str] = set()
         self._start_lock = threading.Lock()
         self.started = False
@@ -183,8 +188,9 @@ class Channel:
         cond = records.cond
         with cond:
             if records.closed or records.stopping:
-                if not provisional:
-                    self.warn_once("closed", "%s: record after shutdown ignored", self.name)
+                if not provisional:  # a checkpoint is no record of its own: nothing is lost
+                    count_loss(self.stats, "after_shutdown")
+                    self.warn_once("closed", "%s", sent_after_shutdown_message(self.name))
                 return
             if provisional:  # a checkpoint for the spool only
                 if feeder.spooling:
@@ -275,30 +281,18 @@ class Channel:
             records.closed = True
             records.cond.notify_all()
         worker.join(max(0.0, deadline + CLOSE_GRACE - time.monotonic()))
-        if worker.alive():
-            _log.warning("otel-rl: %s", left_behind_message(self.name))
+        left_behind = worker.alive()
+        spool = self.spool
         with records.cond:
-            if self.spool is None:
-                left = len(records.items)
+            if spool is None:
+                left, checkpoints = len(records.items), 0
                 count_loss(self.stats, "exit_timeout", left)
             else:  # what the spool keeps for replay (what is still in memory is lost at exit)
-                taken = len(feeder.incoming) + feeder.in_transit
-                left = max(0, taken + records.spooled_upto - self.spool.acked_upto)
+                left, checkpoints = feeder.left_locked()
         self.undelivered = left
-        if self.spool is not None:
+        if spool is not None:
             self.write_meta(exit_code=exit_code)
-        if left:
-            checkpoints = min(left, feeder.checkpoints_at_end) if self.spool is not None else 0
-            message = undelivered_message(
-                self.name, left=left, checkpoints=checkpoints, timeout=timeout,
-                run_timeout=self.options.shutdown_timeout, failure=worker.failure,
-                last_error=worker.last_error, spool_dir=self.spool_dir,
-                log_dir=self.spool_meta.get("log_dir", "<log_dir>"),
-            )  # fmt: skip
-            _log.warning("otel-rl: %s", message)
-        lost = losses(self.stats)
-        if lost:
-            _log.warning("otel-rl: %s", lost_message(self.name, lost))
+        _say_end(self, left, checkpoints, timeout, left_behind)
 
     def write_meta(self, exit_code: int | None = None) -> None:
         """The spool's ``meta.json``: the run, the tracker, and how to reopen its run."""
@@ -386,9 +380,15 @@ class SpoolFeeder:
 
     Its own state: the records submitted and not yet in the spool (``incoming``, and since when
     the oldest waits), those being written (``in_transit``), whether the thread still takes
-    records (``spooling``), the checkpoints at the spool's end, and the delivery process's frame
-    number of the last record spooled. All of it is read and changed under the queue's
-    condition; without a spool the thread never starts and ``spooling`` stays False."""
+    records (``spooling``), the checkpoints in the spool no record supersedes yet, and the
+    delivery process's frame number of the last record spooled. All of it is read and changed
+    under the queue's condition (the checkpoints: by this thread alone, until it has ended);
+    without a spool the thread never starts and ``spooling`` stays False.
+
+    A checkpoint (a pending step's provisional batch) is superseded, as replay judges it, by its
+    step's sealed batch (the same ``seal``) anywhere in the spool, or by a newer checkpoint of
+    that step: this thread marks it done as soon as the superseding record is spooled, so that
+    what waits for replay is counted as replay will deliver it."""
 
     def __init__(
         self, name: str, records: RecordQueue, stats: dict[str, int],
@@ -403,9 +403,10 @@ class SpoolFeeder:
         self.in_transit = 0  # taken by the spool thread, not yet handed on
         self.spooling = False  # the thread takes records (False once it has ended)
         self.fsync_interval = 1.0
-        # Checkpoints of a step never sealed at the spool's end (the run ended, or the training
-        # process was killed, while it was being logged): replay delivers them, no timeout does.
-        self.checkpoints_at_end = 0
+        # seal -> seq of the newest checkpoint of a step whose sealed batch is not in the spool
+        # (yet): replay delivers it if the step is never sealed, no timeout does.
+        self.open_checkpoints: dict[int, int] = {}
+        self._sealed = SeqSet()  # the seals of the sealed step batches spooled
         self._frame_spooled = 0  # the delivery process's frame number (Record.intake)
         self._spool: Spool | None = None
         self._thread: threading.Thread | None = None
@@ -462,6 +463,13 @@ class SpoolFeeder:
                         type(exc).__name__, exc,
                     )  # fmt: skip
                     seqs = [None] * len(taken)
+                superseded = self._supersede(seqs, taken)
+                if superseded:
+                    try:
+                        spool.mark_superseded(superseded)
+                    except Exception as exc:  # replay passes them over all the same
+                        self._warn_once("spool-marks", "%s: cannot mark superseded checkpoints "
+                                        "done: %s", self.name, exc)  # fmt: skip
                 ready = [
                     (seq, record)
                     for seq, record in zip(seqs, taken, strict=True)
@@ -481,11 +489,6 @@ class SpoolFeeder:
                     intake = getattr(taken[-1], "intake", None)
                     if intake is not None:
                         self._frame_spooled = intake[1]
-                    for seq, record in zip(seqs, taken, strict=True):
-                        if seq is not None:
-                            self.checkpoints_at_end = (
-                                self.checkpoints_at_end + 1 if is_checkpoint(record) else 0
-                            )
                     self.in_transit = 0
                     records.cond.notify_all()
                 dirty = True
@@ -506,6 +509,70 @@ class SpoolFeeder:
                         self.spooling = False
                         records.cond.notify_all()  # the worker waits for this thread to end
                         return
+
+
+    def _supersede(self, seqs: Sequence[int | None], taken: Sequence[Any]) -> list[int]:
+        """The checkpoints in the spool that the records just spooled (``taken``, numbered
+        ``seqs``) supersede: the step's sealed batch supersedes its checkpoints, wherever they
+        are, and a checkpoint the older ones of its step (a checkpoint spooled after its step's
+        sealed batch, as one taken just before the seal may be, is superseded at once)."""
+        superseded: list[int] = []
+        opened, sealed = self.open_checkpoints, self._sealed
+        for seq, record in zip(seqs, taken, strict=True):
+            if seq is None or not isinstance(record, StepBatch) or type(record.seal) is not int:
+                continue
+            seal = record.seal
+            if not record.provisional:
+                sealed.add(seal)
+                older = opened.pop(seal, None)
+            elif seal in sealed:
+                older = seq
+            else:
+                older, opened[seal] = opened.get(seal), seq
+            if older is not None:
+                superseded.append(older)
+        if len(opened) > 64:  # steps never sealed here (records sent to other trackers)
+            done = self._spool.acked_upto if self._spool is not None else 0
+            self.open_checkpoints = {k: v for k, v in opened.items() if v > done}
+        return superseded
+
+    def left_locked(self) -> tuple[int, int]:
+        """At the channel's end: the records left for replay, counted as replay will deliver
+        them (checkpoints a later record superseded are done), those still in memory included
+        (lost at exit, unless this thread spools them first); and how many of them are
+        checkpoints of a step never sealed in the spool."""
+        spool, upto = self._spool, self._records.spooled_upto
+        assert spool is not None
+        done = spool.acked_upto
+        left = max(0, len(self.incoming) + self.in_transit + upto - done
+                   - spool.superseded_upto(upto))  # fmt: skip
+        checkpoints = sum(1 for seq in list(self.open_checkpoints.values()) if seq > done)
+        return left, min(left, checkpoints)
+
+
+def _say_end(
+    channel: Channel, left: int, checkpoints: int, timeout: float, left_behind: bool
+) -> None:
+    """What a channel says at its end: the records ``left`` in one message (how many, why, and
+    where they are, or that they are lost), else a worker ``left_behind``; then the losses
+    that message did not say."""
+    worker, name = channel._worker, channel.name
+    if left:
+        message = undelivered_message(
+            name, left=left, checkpoints=checkpoints, timeout=timeout,
+            run_timeout=channel.options.shutdown_timeout, failure=worker.failure,
+            last_error=worker.last_error, spool_dir=channel.spool_dir,
+            log_dir=channel.spool_meta.get("log_dir", "<log_dir>"), left_behind=left_behind,
+            memory_only=channel.memory_only,
+        )  # fmt: skip
+        _log.warning("otel-rl: %s", message)
+    elif left_behind:
+        _log.warning("otel-rl: %s", left_behind_message(name))
+    lost = losses(channel.stats)
+    if channel.spool is None:  # those the message said are lost
+        lost.pop("exit_timeout", None)
+    if lost:
+        _log.warning("otel-rl: %s", lost_message(name, lost))
 
 
 def _silence_files_of(roots: list[object]) -> None:

@@ -35,7 +35,9 @@ from otel_rl.process.cores import keep_process_to
 from otel_rl.process.deadline import Deadline, Part, stop_in_parallel
 from otel_rl.process.lifecycle import KILLED_EXIT_CODE
 
-__all__ = ["BuildTrackers", "Intake", "Status", "Trackers", "main", "messages", "serve"]
+__all__ = [
+    "BuildTrackers", "Intake", "Status", "Trackers", "main", "messages", "run_deadline", "serve",
+]
 
 _STATS_EVERY = 0.25
 _NICENESS = 10
@@ -177,6 +179,18 @@ def unreadable(exporters: Sequence[Any], exc: Exception, warned: set[str]) -> No
             say.say_record_unreadable(exporter.name, exc)
 
 
+def run_deadline(end: tuple[Any, ...]) -> Deadline:
+    """The run's deadline, from the end message ``("end", exit_code, seconds, at)``: the
+    training process's own (``at``, on the monotonic clock both processes share). Read behind a
+    backlog, the end message is seconds old: a deadline counted from the reading would run past
+    the training process's, which kills this process there, before its trackers were closed
+    and said what they left."""
+    deadline = Deadline(float(end[2]))  # never later than the time left when it was sent
+    if len(end) > 3:  # (an end message of an earlier otel-rl has the seconds alone)
+        deadline.at = min(deadline.at, float(end[3]))
+    return deadline
+
+
 def _settle(settings: Mapping[str, Any], status: Status) -> None:
     """This process as the training process is: off its training thread's core, its log lines
     said there at its level, in its working directory, importing what it imports."""
@@ -203,9 +217,9 @@ class _Feed:
         self._launch = launch
         self._warned: set[str] = set()
 
-    def until_end(self, incoming: Iterator[tuple[Any, ...]]) -> tuple[int, float] | None:
-        """Hand on every message; ``(exit_code, seconds)`` of the end message, or None when
-        the stream ended without one (the training process died)."""
+    def until_end(self, incoming: Iterator[tuple[Any, ...]]) -> tuple[int, Deadline] | None:
+        """Hand on every message; the exit code and the deadline of the end message, or None
+        when the stream ended without one (the training process died)."""
         for message in incoming:
             kind = message[0]
             if kind == "rec":
@@ -221,7 +235,7 @@ class _Feed:
                 )
                 self._status.send(flushed=message[1], ok=ok, **self.status())
             elif kind == "end":
-                return int(message[1]), float(message[2])
+                return int(message[1]), run_deadline(message)
         return None
 
     def _record(self, to: Sequence[str] | None, body: bytes, number: int) -> None:
@@ -277,9 +291,10 @@ def serve(records_fd: int, status: Status, build: BuildTrackers) -> int:
     threading.Thread(target=report, name="otel-rl-delivery-stats", daemon=True).start()
     # Without the end message, its training process died: closed as killed, in the run's time.
     end = feed.until_end(incoming)
-    timeout = float(settings["shutdown_timeout"])
-    exit_code, seconds = end if end is not None else (KILLED_EXIT_CODE, timeout)
-    deadline = Deadline(seconds)
+    if end is None:
+        exit_code, deadline = KILLED_EXIT_CODE, Deadline(float(settings["shutdown_timeout"]))
+    else:
+        exit_code, deadline = end
     stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + CHILD_GRACE)
     done.set()
     status.send(**feed.status(), finished={e.name: int(e.undelivered) for e in exporters})

@@ -66,10 +66,14 @@ Selector = Collection[str] | Callable[[Delivery], bool] | None
 
 
 class Fanout:
-    """The tracker deliveries of one Logger, in the order they were attached."""
+    """The tracker deliveries of one Logger, in the order they were attached (fixed: a run's
+    trackers are known when it starts)."""
 
     def __init__(self, deliveries: Sequence[Delivery] = ()) -> None:
-        self.exporters: list[Delivery] = list(deliveries)
+        self.exporters: tuple[Delivery, ...] = tuple(deliveries)
+        # Every record of a step goes to all the deliveries: their routes are grouped once, not
+        # at each send on the training thread.
+        self._to_all = _grouped(self.exporters)
 
     def __iter__(self) -> Iterator[Delivery]:
         return iter(self.exporters)
@@ -79,16 +83,9 @@ class Fanout:
 
     def send(self, record: Any, to: Selector = None) -> list[str]:
         """Queue ``record`` for the selected trackers; returns the names of those reached."""
-        routes: dict[int, tuple[Route, list[str]]] = {}
-        for delivery in self.select(to):
-            route = delivery.route
-            group = routes.get(id(route))
-            if group is None:
-                routes[id(route)] = (route, [delivery.name])
-            else:
-                group[1].append(delivery.name)
-        reached = []
-        for route, names in routes.values():
+        groups = self._to_all if to is None else _grouped(self.select(to))
+        reached: list[str] = []
+        for route, names in groups:
             route.send(record, names)
             reached += names
         return reached
@@ -102,3 +99,13 @@ class Fanout:
 
     def named(self, name: str) -> Delivery | None:
         return next((e for e in self.exporters if e.name == name), None)
+
+
+def _grouped(deliveries: Sequence[Delivery]) -> list[tuple[Route, tuple[str, ...]]]:
+    """The deliveries by route, in order: one frame to the delivery process carries a record
+    for all the trackers it holds. The names are a tuple: a route may keep them."""
+    groups: dict[int, tuple[Route, list[str]]] = {}
+    for delivery in deliveries:
+        route = delivery.route
+        groups.setdefault(id(route), (route, []))[1].append(delivery.name)
+    return [(route, tuple(names)) for route, names in groups.values()]

@@ -190,6 +190,8 @@ class Backlog:
         while more:
             with self._state.cond:
                 more = self.kept.release(spooled_through, _RELEASE_BATCH)
+        with self._state.cond:
+            self._state.spooled_through(spooled_through)
 
     def take_unspooled_locked(self) -> list[Numbered]:
         """Every record frame the child may not have spooled (kept, stranded, never sent), in

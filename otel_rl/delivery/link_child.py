@@ -22,7 +22,7 @@ from otel_rl.delivery.link_backlog import Backlog, Numbered
 from otel_rl.delivery.link_state import LinkState
 from otel_rl.delivery.link_status import StatusReader
 from otel_rl.delivery.link_writer import FrameWriter, widen_pipe
-from otel_rl.delivery.spool import last_seq, waiting_records
+from otel_rl.delivery.spool import SpoolEnd, last_seq, spool_end
 from otel_rl.process.cores import spare_cores, thread_cores
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 
@@ -52,6 +52,7 @@ class DeliveryChild:
         self._settings["launch"] = self._token
         self._launch: Launch | None = None
         self._spooled_from: dict[str, int] = {}  # each spool's last record before the run
+        self._ends: dict[str, SpoolEnd] | None = None  # the spools as the child left them
 
     def start(self, timeout: float) -> None:
         """Start the child and wait until its trackers are started (their spools taken);
@@ -116,7 +117,9 @@ class DeliveryChild:
             # The records go first. What this process still holds at the deadline never reached
             # the child: it goes to the leftover file once the child is stopped; the child,
             # without the end frame, closes the run as killed once it has read the rest.
-            self._backlog.send_control(encode_frame("end", exit_code, deadline.left()), deadline)
+            self._backlog.send_control(
+                encode_frame("end", exit_code, deadline.left(), deadline.at), deadline
+            )
             with state.cond:
                 state.dead = True  # the pusher stops within its poll: then the pipe can close
                 state.cond.notify_all()
@@ -131,7 +134,8 @@ class DeliveryChild:
             return
         if not finished and self.process is not None and self.process.poll() is None:
             state.killed = True
-            self.kill()
+            # Its spools are read once it is dead: a write it was in the middle of lands first.
+            self.kill(wait=CHILD_GRACE)
             status.finished.wait(0.1)  # the status thread has read the last report
             kept = self._orphan()
             say.say_killed_at_deadline(state.names, kept)
@@ -184,8 +188,8 @@ class DeliveryChild:
         have spooled (the frames the pipe took that it had not said were spooled, those never
         sent) goes to the launch's leftover file, and so does every record sent from now on:
         ``otel-rl replay`` spools them with the handoff files, each once. Counted per tracker
-        from the spools themselves (what was handed over, less what each spool gained since
-        the start; checkpoints count on both sides): as waiting in files, or, without a
+        from the spools themselves (the records handed over, less those each spool gained
+        since the start; checkpoints are no records): as waiting in files, or, without a
         leftover file (no spool, or it cannot be written), as lost. True when it was written."""
         state = self._state
         with state.cond:
@@ -229,41 +233,67 @@ class DeliveryChild:
     def _left_in_spools(self) -> dict[str, int]:
         """The child ended without saying what it left (killed, or died): each spooled
         tracker's records not marked done, read from its spool (its marks and the end of its
-        last segment), known from then on as the tracker's ``undelivered``. Returns those
-        with records left."""
+        last segment), known from then on as the tracker's ``undelivered``: what replay will
+        deliver of it. Returns those with records left.
+
+        Checkpoints are no records: the run seals every step before it ends, so each one is
+        superseded by its step's sealed batch, spooled by the child (which marked it done) or
+        left in a file for replay to spool first. Those the child had not seen superseded are
+        the spool's open checkpoints (at its end) and the ones it never spooled."""
         status = self._status
         left: dict[str, int] = {}
-        for name, folder in status.spool_dirs.items():
-            if folder is None or name in status.remote_undelivered:
+        for name, end in self._spool_ends().items():
+            if name in status.remote_undelivered:
                 continue
-            with contextlib.suppress(OSError):
-                left[name] = waiting = waiting_records(folder)
-                if name in self._spooled_from:
-                    # The child's last report is up to a quarter second old; what it marked done
-                    # since is in the spool too (a checkpoint is spooled, never delivered).
-                    spooled = last_seq(folder) - self._spooled_from[name]
-                    done = spooled - self._state.checkpoints_sent[name] - waiting
-                    stats = status.remote_stats[name]
-                    stats["delivered"] = max(stats.get("delivered", 0), done)
+            left[name] = waiting = max(0, end.waiting - end.open_checkpoints)
+            if name in self._spooled_from:
+                # The child's last report is up to a quarter second old; what it marked done
+                # since is in the spool too.
+                spooled = end.last_seq - self._spooled_from[name] - self._checkpoints_in(name)
+                stats = status.remote_stats[name]
+                stats["delivered"] = max(stats.get("delivered", 0), spooled - waiting)
         status.remote_undelivered.update(left)
         return {name: count for name, count in left.items() if count}
 
     def _unspooled(self, name: str) -> int:
+        """Records for tracker ``name`` that the child never spooled (checkpoints not
+        counted)."""
         state = self._state
         remote = self._status.remote_stats[name]
         refused = sum(losses(remote).values())  # counted by the child already, never spooled
-        folder = self._status.spool_dirs.get(name)
-        if folder is None or name not in self._spooled_from:
+        end = self._spool_ends().get(name)
+        if end is None or name not in self._spooled_from:
             return max(0, state.handed[name] - remote.get("delivered", 0) - refused)
-        spooled = last_seq(folder) - self._spooled_from[name]
-        return max(0, state.handed[name] + state.checkpoints_sent[name] - spooled - refused)
+        spooled = end.last_seq - self._spooled_from[name] - self._checkpoints_in(name)
+        return max(0, state.handed[name] - spooled - refused)
 
-    def kill(self) -> None:
+    def _checkpoints_in(self, name: str) -> int:
+        """Checkpoints the child spooled for tracker ``name`` in this run: those handed over,
+        but for the ones numbered after the last record its spool holds."""
+        end = self._spool_ends()[name]
+        spooled = end.last_seq > self._spooled_from[name]
+        ours = spooled and end.last_intake is not None and end.last_intake[0] == self._token
+        frame = end.last_intake[1] if ours and end.last_intake is not None else 0
+        state = self._state
+        return state.checkpoints_sent[name] - state.checkpoints_after(name, frame)
+
+    def _spool_ends(self) -> dict[str, SpoolEnd]:
+        """Where each spool stands, read once the child is gone (it writes them no more)."""
+        if self._ends is None:
+            ends: dict[str, SpoolEnd] = {}
+            for name, folder in self._status.spool_dirs.items():
+                if folder is not None:
+                    with contextlib.suppress(OSError):
+                        ends[name] = spool_end(folder)
+            self._ends = ends
+        return self._ends
+
+    def kill(self, wait: float = 0.1) -> None:
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(OSError):
                 self.process.send_signal(signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(0.1)
+                self.process.wait(wait)
 
     def abandon_after_fork(self) -> None:
         """In a fork child: close this process's copies of the pipes (the child then sees the

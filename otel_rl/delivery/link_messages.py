@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from otel_rl.core.failures import describe_losses
-from otel_rl.delivery.messages import replay_hint
+from otel_rl.delivery.messages import replay_hint, sent_after_shutdown_message
 from otel_rl.process.fork_safe_log import log as _log
 
 
@@ -36,6 +36,10 @@ def say_no_handoff_folder(exc: OSError) -> None:
 def say_unpicklable(exc: Exception) -> None:
     _log.warning("otel-rl: a record cannot reach the delivery process (%s: %s); "
                  "it is dropped", type(exc).__name__, exc)  # fmt: skip
+
+
+def say_sent_after_end(names: Sequence[str]) -> None:
+    _log.warning("otel-rl: %s", sent_after_shutdown_message(", ".join(names)))
 
 
 def say_not_kept_up(patience: float) -> None:

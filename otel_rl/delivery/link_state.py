@@ -9,6 +9,7 @@ replaces the lock (the parent's may be held by a thread the child does not have)
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 from otel_rl.core.failures import LOSS_REASONS, count_loss
@@ -20,8 +21,8 @@ class LinkState:
     """The link's lock and flags, and its records per tracker (``names``)."""
 
     __slots__ = (
-        "checkpoints_sent", "cond", "dead", "ended", "handed", "in_files", "killed",
-        "local_stats", "names", "orphaned", "orphaning", "sent", "unread_lost",
+        "checkpoint_frames", "checkpoints_sent", "cond", "dead", "ended", "handed", "in_files",
+        "killed", "local_stats", "names", "orphaned", "orphaning", "sent", "unread_lost",
     )  # fmt: skip
 
     def __init__(self, names: Sequence[str]) -> None:
@@ -45,13 +46,28 @@ class LinkState:
         self.in_files: dict[str, int] = dict.fromkeys(names, 0)
         #: Records written whole to the pipe, by tracker (checkpoints not counted).
         self.sent: dict[str, int] = dict.fromkeys(names, 0)
+        #: Checkpoints of a pending step handed to the child (or a handoff file), by tracker,
+        #: and the frame numbers of those the child has not said are spooled: replay passes
+        #: them over once their step's sealed batch is spooled, so no count of what waits
+        #: takes them for records.
         self.checkpoints_sent: dict[str, int] = dict.fromkeys(names, 0)
+        self.checkpoint_frames: dict[str, deque[int]] = {name: deque() for name in names}
         #: Records this process could not hand to the child, by tracker and reason.
         self.local_stats: dict[str, dict[str, int]] = {name: {} for name in names}
 
     def renew_lock(self) -> None:
         """In a fork child: a lock of its own (the parent's may be held by a thread it lacks)."""
         self.cond = threading.Condition(threading.Lock())
+
+    def checkpoints_after(self, name: str, frame: int) -> int:
+        """Checkpoints handed over for ``name`` numbered above ``frame``."""
+        return sum(1 for number in self.checkpoint_frames[name] if number > frame)
+
+    def spooled_through(self, frame: int) -> None:
+        """Every spool holds the frames up to ``frame``: their checkpoints are no news."""
+        for frames in self.checkpoint_frames.values():
+            while frames and frames[0] <= frame:
+                frames.popleft()
 
     def count(self, what: str, names: Iterable[str], n: int = 1) -> None:
         for name in names:

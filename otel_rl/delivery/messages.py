@@ -40,11 +40,11 @@ def stopped_message(name: str, failure: Failure, spool_dir: Path | None) -> str:
 
 
 def left_behind_message(name: str) -> str:
-    """A worker still inside the tracker's SDK after the shutdown deadline and its grace."""
+    """A worker still inside the tracker's SDK after the shutdown deadline and its grace, with
+    every record delivered (with records left, :func:`undelivered_message` says both at once)."""
     return (
         f"{name}: the tracker's SDK has not returned from a write or its close {CLOSE_GRACE:g} s "
-        "after export.shutdown_timeout; it is left behind (the records it had not acknowledged "
-        "stay in the spool)"
+        "after export.shutdown_timeout; it is left behind"
     )
 
 
@@ -53,6 +53,14 @@ def lost_message(name: str, lost: dict[str, int]) -> str:
     return (
         f"{name}: {sum(lost.values())} record(s) lost for good in this run: "
         f"{describe_losses(lost)} (docs/reliability.md, Losses)"
+    )
+
+
+def sent_after_shutdown_message(names: str) -> str:
+    """Records sent to trackers whose shutdown had begun: said once, the others only counted."""
+    return (
+        f"{names}: record sent after shutdown dropped (counted lost: "
+        "stats['dropped.after_shutdown']); further ones are only counted"
     )
 
 
@@ -75,23 +83,34 @@ def undelivered_message(
     last_error: Failure | None,
     spool_dir: Path | None,
     log_dir: object,
+    left_behind: bool = False,
+    memory_only: str | None = None,
 ) -> str:
-    """Records left at the end: how many, why, how to wait less, and how to deliver them.
+    """Records left at the end: how many, why, how to wait less, and how to deliver them (or,
+    without a spool, that they are lost: ``memory_only`` says why the tracker has none, else
+    the run turned it off), in one message.
 
     ``left`` counts the checkpoints of the step still being logged at the end (``checkpoints``
     of them). The deadline is ``run_timeout`` (the run's ``export.shutdown_timeout``) when set,
     else ``timeout``, the one given to the exporter's own ``shutdown()``: OpenTelemetry's unit,
-    milliseconds, is the one the message speaks in then."""
+    milliseconds, is the one the message speaks in then. ``left_behind``: the tracker was still
+    in a write or its close when its grace ran out (the thread is left behind)."""
     given = run_timeout is None
     if run_timeout is not None:
         timeout = run_timeout
     error = failure or last_error
     sealed = left - checkpoints
+    behind = (
+        f"it had not returned from a write or its close {CLOSE_GRACE:g} s later and is left "
+        "behind"
+    )
     if not sealed:
         text = (
             f"{name}: the step still being logged when the run ended was checkpointed "
             f"({checkpoints} checkpoint(s)); no other record is undelivered."
         )
+        if left_behind:
+            text += f" At the shutdown's deadline {behind}."
     elif failure is not None:
         text = (
             f"{name}: {sealed} record(s) not delivered: the tracker stopped on "
@@ -104,6 +123,8 @@ def undelivered_message(
             f"as OpenTelemetry's exporters take them; {CLOSE_GRACE:g} s more let the tracker "
             "end its write and close"
         )
+        if left_behind:
+            text += f"; {behind}"
         if error is not None:
             text += f"; last error: {error.describe()}"
         text += ")."
@@ -112,9 +133,12 @@ def undelivered_message(
             f"{name}: {sealed} record(s) not delivered before the shutdown timeout "
             f"(export.shutdown_timeout: {timeout:g} s"
         )
+        if left_behind:
+            text += f"; {behind}"
         if error is not None:
             text += f"; last error: {error.describe()}"
         text += (
+            ")." if left_behind else  # more time would not have brought it back
             "; raise export.shutdown_timeout to deliver more before exit, lower it to wait "
             "less)." if timeout > 0 else
             ": finish() does not wait, so records in flight are counted here too)."
@@ -123,6 +147,8 @@ def undelivered_message(
         text += " The step still being logged when the run ended was checkpointed as well."
     if spool_dir is not None:
         text += replay_hint(spool_dir, log_dir)
+    elif memory_only is not None:
+        text += f" They are lost: {memory_only}."
     else:
         text += " There is no spool (export.spool: false): they are lost."
     return text

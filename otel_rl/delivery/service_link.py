@@ -34,7 +34,7 @@ the launch's leftover file, and ``otel-rl replay`` spools them with the handoff 
 (``otel_rl/delivery/intake.py``).
 
 Frames (``otel_rl/delivery/frames.py``): ``("hello", settings)``, ``("rec", names, pickled
-record, number)``, ``("flush", id, seconds)``, ``("end", exit_code, seconds)``, ``("setup",
+record, number)``, ``("flush", id, seconds)``, ``("end", exit_code, seconds, at)``, ``("setup",
 tracker, function)``, ``("handoff", path)`` (read the frames in that file here). The child
 answers on a second pipe with JSON lines: ``started`` or ``error`` once, then ``stats`` every
 quarter second, ``flushed`` and ``finished``.
@@ -62,7 +62,7 @@ from otel_rl.delivery.channel import COUNTERS
 from otel_rl.delivery.frames import encode_frame, record_body
 from otel_rl.delivery.link_backlog import Backlog
 from otel_rl.delivery.link_child import CHILD_GRACE, DeliveryChild
-from otel_rl.delivery.link_messages import say_unpicklable
+from otel_rl.delivery.link_messages import say_sent_after_end, say_unpicklable
 from otel_rl.delivery.link_state import LinkState
 from otel_rl.delivery.link_status import StatusReader
 from otel_rl.delivery.link_writer import FrameWriter
@@ -95,6 +95,7 @@ class ServiceLink:
                                     self._status)  # fmt: skip
         self._numbered = 0  # record frames numbered so far, in the order of the stream
         self._flush_ids = 0
+        self._said_after_end = False
 
     @property
     def process(self) -> subprocess.Popen[bytes] | None:
@@ -106,6 +107,11 @@ class ServiceLink:
     def dead(self) -> bool:
         """The child can no longer be written to (gone, or the run ended and the pipe closed)."""
         return self._state.dead
+
+    @property
+    def finished(self) -> bool:
+        """The child closed its trackers (or is gone): what they left is in their spools."""
+        return self._status.finished.is_set()
 
     @property
     def start_error(self) -> str | None:
@@ -162,9 +168,6 @@ class ServiceLink:
         # Checkpoints of a pending step are no records of their own: never counted (they are
         # spooled by the child as records are, which the leftover count takes into account).
         checkpoint = type(record) is StepBatch and record.provisional
-        if checkpoint:
-            for name in names:
-                state.checkpoints_sent[name] += 1
         try:
             to = None if len(names) == len(self.names) else tuple(names)
             body = record_body(record)
@@ -180,7 +183,13 @@ class ServiceLink:
             while state.orphaning:  # the child just died: its leftover file is being written
                 cond.wait(0.05)
             if state.ended or (state.dead and not state.orphaned):
-                state.count("delivery_process", names)
+                if not state.ended:
+                    state.count("delivery_process", names)
+                elif not checkpoint:  # the run ended: lost, as with a channel shut down
+                    state.count("after_shutdown", names)
+                    if not self._said_after_end:
+                        self._said_after_end = True
+                        say_sent_after_end(names)
                 return
             self._numbered += 1
             number = self._numbered
@@ -190,6 +199,10 @@ class ServiceLink:
             if state.orphaned:
                 self._child.keep_in_file([(number, frame, counted)])
                 return
+            if checkpoint:
+                for name in names:
+                    state.checkpoints_sent[name] += 1
+                    state.checkpoint_frames[name].append(number)
             if (
                 not backlog.entries and not backlog.pushing and not backlog.diverted
                 and writer.fits_whole(len(frame))
@@ -296,9 +309,10 @@ class ServiceTracker:
     def pending(self) -> int:
         """Records not yet delivered: waiting here, in the pipe or a handoff file (sent, not
         yet read by the child, as of its last report), or held by the child; none once the
-        child has exited (what it left is in its spool, or counted lost)."""
+        child has closed its trackers or exited (what it left is in its spool, or counted
+        lost)."""
         process = self.link.process
-        if process is not None and process.poll() is not None:
+        if self.link.finished or (process is not None and process.poll() is not None):
             return 0
         remote = self.link.remote_stats[self.name]
         unread = max(0, self.link.sent(self.name) - remote.get("submitted", 0))

@@ -10,7 +10,10 @@ configs are private; the log dir above them keeps the umask's mode)::
 
 Sequence numbers start at 1 and grow by one per record. A tracker's worker delivers in order, so
 its marks are ``upto`` lines; ``otel-rl replay`` re-sends in step order and writes ``upto`` while
-every earlier record is done, ``one`` marks for the others.
+every earlier record is done, ``one`` marks for the others. The spool thread marks ``one`` the
+checkpoints of a pending step that a record it spooled supersedes (the step's sealed batch, or a
+newer checkpoint of it), which replay would pass over: what waits is then counted alike by the
+run's exit message, :func:`waiting_records` and replay.
 Every mark is written to the kernel as soon as the tracker holds the record (so a killed process
 never re-sends what its tracker already has) and fsynced every ``export.fsync_interval``.
 Segments whose records are all done are deleted by the side that marks them done.
@@ -26,6 +29,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 from array import array
 from bisect import bisect_right
@@ -288,6 +292,9 @@ class SeqSet:
         if not lo or first > hi[-1] + 1:  # the usual case: after every range held
             lo.append(first)
             hi.append(last)
+            return
+        if first == hi[-1] + 1:  # right after the last range (numbers that follow one another)
+            hi[-1] = last
             return
         i = bisect_right(lo, first)
         if i and hi[i - 1] >= first - 1:  # touches the range before it: grow that one
@@ -806,6 +813,56 @@ def waiting_records(directory: Path) -> int:
     return sum(1 for seq in range(acks.upto + 1, last + 1) if seq not in acks.ones)
 
 
+@dataclass(frozen=True)
+class SpoolEnd:
+    """Where a spool stands, read from its marks and the end of its last segment only."""
+
+    #: The last record's sequence number (0 for none), and how many are not marked done.
+    last_seq: int
+    waiting: int
+    #: The last record's ``(launch, frame number)``, when a delivery process spooled it.
+    last_intake: tuple[str, int] | None
+    #: Checkpoints not marked done after the spool's last sealed step batch: those of a step
+    #: still being logged when its writer stopped (replay delivers one if the step is never
+    #: sealed; a sealed batch spooled later supersedes them).
+    open_checkpoints: int
+
+
+def spool_end(directory: Path) -> SpoolEnd:
+    """The spool's :class:`SpoolEnd`: cheap enough for the end of a run (the marks, and the
+    lines after the last sealed step of the last segment's tail)."""
+    acks = read_acks(directory)
+    last = last_seq(directory, acks)
+    waiting = sum(1 for seq in range(acks.upto + 1, last + 1) if seq not in acks.ones)
+    intake: tuple[str, int] | None = None
+    checkpoints = 0
+    segments = segment_paths(directory)
+    if segments:
+        for index, (seq, record) in enumerate(_tail_records(segments[-1])):
+            if index == 0 and record is not None:
+                intake = record.intake
+            if not isinstance(record, StepBatch) or record.axis is not None:
+                continue
+            if not record.provisional or seq <= acks.upto:  # done from here back
+                break
+            checkpoints += not acks.done(seq)
+    return SpoolEnd(last, waiting, intake, checkpoints)
+
+
+def _tail_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(seq, record)`` of the whole lines at the end of a segment (its last ``_TAIL_SCAN``
+    bytes), the last first; damaged lines are passed over."""
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - _TAIL_SCAN))
+        lines = f.read().split(b"\n")[:-1]  # what follows the last newline is no whole line
+    for raw in reversed(lines[1:] if size > _TAIL_SCAN else lines):
+        try:
+            yield decode_record(raw.decode("utf-8"))
+        except (CorruptRecord, UnicodeDecodeError):
+            continue
+
+
 def holder_of(directory: Path) -> str | None:
     """Who holds the spool's lock right now, or ``None`` when nobody does."""
     lock = SpoolLock(directory, "a check")
@@ -1022,6 +1079,10 @@ class Spool:
         self.last_encode_error = ""
         self._acks = _open_private(self.dir / "acked.log", "a")
         self._acked_upto = acks.upto
+        # The acks file has two writers: the worker (deliveries, attempts) and the spool thread
+        # (superseded checkpoints).
+        self._acks_lock = threading.Lock()
+        self._superseded: list[int] = []  # marked by the spool thread, above _acked_upto
 
     # writer side
     def append(self, records: list[Any]) -> list[int | None]:
@@ -1074,19 +1135,43 @@ class Spool:
         """Mark every record up to ``upto`` done (in the kernel at once, on disk at the next
         ``sync_acks``)."""
         if upto > self._acked_upto:
-            self._acks.write(f"upto {upto}\n")
+            with self._acks_lock:
+                self._acks.write(f"upto {upto}\n")
+                self._acks.flush()
+                self._acked_upto = upto
+                if self._superseded:
+                    self._superseded = [seq for seq in self._superseded if seq > upto]
+
+    def mark_superseded(self, seqs: list[int]) -> None:
+        """Mark done the checkpoints ``seqs``, which a record already in the spool supersedes
+        (their step's sealed batch, or a newer checkpoint of that step): replay passes them over
+        in any case (done in effect), and marked, no count of what waits takes them for records
+        still to deliver. Spool thread: the superseding record is in the kernel already."""
+        lines = "".join(f"one {seq}\n" for seq in seqs)
+        with self._acks_lock:
+            if not lines or self._acks.closed:
+                return
+            self._acks.write(lines)
             self._acks.flush()
-            self._acked_upto = upto
+            self._superseded += [seq for seq in seqs if seq > self._acked_upto]
+
+    def superseded_upto(self, seq: int) -> int:
+        """How many records above ``acked_upto`` and up to ``seq`` are marked done as
+        superseded checkpoints."""
+        with self._acks_lock:
+            return sum(1 for marked in self._superseded if marked <= seq)
 
     def note_attempt(self, first: int, last: int, records: int, position: Any) -> None:
         """Before a write of records ``first..last``: where the tracker's output stood, so that
         ``otel-rl replay`` can tell whether a write cut short by a kill reached the tracker."""
-        self._acks.write(attempt_line(first, last, records, position))
-        self._acks.flush()
+        with self._acks_lock:
+            self._acks.write(attempt_line(first, last, records, position))
+            self._acks.flush()
 
     def sync_acks(self) -> None:
-        self._acks.flush()
-        os.fsync(self._acks.fileno())
+        with self._acks_lock:
+            self._acks.flush()
+            os.fsync(self._acks.fileno())
 
     def delete_done_segments(self) -> None:
         """Delete segments whose records are all done (never the one being written)."""
@@ -1107,7 +1192,8 @@ class Spool:
 
     def close_acks(self) -> None:
         try:
-            _close_synced(self._acks)
+            with self._acks_lock:
+                _close_synced(self._acks)
             self.delete_done_segments()
         finally:
             self._release_when_closed()

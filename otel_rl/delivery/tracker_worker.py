@@ -4,7 +4,9 @@ It takes the head of the :class:`~otel_rl.delivery.record_queue.RecordQueue` (a 
 batches: a batch), waits once for what must be delivered first (a relaunch's earlier launches),
 opens the tracker, writes through a :class:`~otel_rl.delivery.writer.TrackerWriter`, and marks
 the records done in the spool once the tracker holds them (after its ``flush_backend``).
-Transient errors are retried with jittered backoff; a permanent one stops the tracker at once
+Transient errors are retried with jittered backoff, held as a deadline (:meth:`TrackerWorker.
+_rest`: the records that keep arriving meanwhile never bring a retry forward) and never sooner
+than the tracker's server asked (``Retry-After``); a permanent one stops the tracker at once
 (its records stay in the spool); an error of ours is reported once and the loop goes on: the
 thread never dies before its channel's end (:mod:`otel_rl.delivery.channel` explains the three
 threads).
@@ -12,13 +14,12 @@ threads).
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from otel_rl.core.failures import Failure
+from otel_rl.core.failures import Failure, retry_wait
 from otel_rl.delivery.messages import stopped_message
 from otel_rl.delivery.record_queue import RecordQueue
 from otel_rl.delivery.spool import Spool
@@ -120,6 +121,7 @@ class TrackerWorker:
         """Write the queue in order until shutdown; an exception never ends the thread."""
         records, feed = self._records, self._feed
         backoff, pause = 0.0, 0.05
+        stopping = False  # whether the shutdown had begun when the last attempt began
         while True:
             try:
                 with records.cond:
@@ -136,6 +138,7 @@ class TrackerWorker:
                         records.park_locked()
                         break
                     items = records.take_locked() if records.items else None
+                    stopping = records.stopping
                 if items is None:  # only records on disk are left
                     records.load_overflow()
                     continue
@@ -170,11 +173,9 @@ class TrackerWorker:
                     self.name, failure.describe(),
                 )  # fmt: skip
                 backoff = min(max(backoff * 2, 0.05), self._retry_max_backoff)
-                with records.cond:
-                    if records.abort:
-                        break
-                    # Jitter spreads the retries of many ranks hitting one recovering server.
-                    records.cond.wait(backoff * random.uniform(0.5, 1.0))
+                wait = retry_wait(backoff, failure, self._retry_max_backoff)
+                if not self._rest(time.monotonic() + wait, stopping):
+                    break
             except Exception as exc:  # a bug of ours must not silence a tracker for the run
                 self._warn_once(
                     f"internal:{type(exc).__name__}",
@@ -186,8 +187,28 @@ class TrackerWorker:
                     records.inflight = 0
                     if records.closed:
                         break
-                    records.cond.wait(pause)
+                if not self._rest(time.monotonic() + pause, stopping):
+                    break
         self._end()
+
+    def _rest(self, until: float, stopping: bool) -> bool:
+        """Wait until ``until`` (monotonic) before the next attempt; False once the channel's
+        shutdown gave up (abort). A deadline, not a wait for the next notification: every record
+        sent notifies the queue's condition, and each would otherwise bring a retry forward, a
+        storm at the rate of training on a server that is down or recovering. Records arriving
+        meanwhile are queued or spooled by the threads that bring them.
+
+        ``stopping``: whether the shutdown had begun when the attempt that failed began. The
+        first attempt after it begins is not held back (a tracker back by then gets its records
+        before the deadline); the ones after that are."""
+        records = self._records
+        with records.cond:
+            while not records.abort:
+                left = until - time.monotonic()
+                if left <= 0 or records.stopping != stopping:
+                    return True
+                records.cond.wait(left)
+        return False
 
     def _waited_for_after(self) -> bool:
         """Wait for what comes before the first write, until the shutdown's deadline; while

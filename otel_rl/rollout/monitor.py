@@ -175,6 +175,9 @@ class RolloutMonitor:
         self._sd_file: tuple[str | os.PathLike[str], dict[str, str] | None] | None = None
         self._sd_lock = threading.Lock()
         self._engines: dict[tuple[str, str | None], EngineInfo] = {}
+        #: Each page's latest good read (the monitor's clock): an engine that was not on it
+        #: then came into being since, during the run (EngineWindow.add's ``since``).
+        self._read_at: dict[str, float] = {}
         self._windows: dict[int, EngineWindow] = {}
         self._round_totals: dict[str, list[float]] = {}
         self._marks: collections.deque[tuple[int, float]] = collections.deque()
@@ -487,7 +490,14 @@ class RolloutMonitor:
                            "it answers")  # fmt: skip
                 continue
             self._note(f"endpoint:{url}", "ok", f"rollout monitoring: {shown} answers again")
+            read_before = self._read_at.get(url)
+            self._read_at[url] = at
             for label, sample in outcome.items():
+                # An engine missing from an earlier read of its page started during the run
+                # (Ray shows a worker's series from its first record on): its first sample is
+                # no baseline, it holds the engine's first requests. One on a page read for the
+                # first time may have run before the run: that one's first sample is.
+                since = read_before if (url, label) not in self._engines else None
                 info = self._engine(url, label, sample.kind)
                 negative = below_zero(sample)
                 if negative:
@@ -495,7 +505,7 @@ class RolloutMonitor:
                     self._warn_negative(info, negative)
                     continue
                 self._check_roles(info, sample, from_ray=url in node_urls)
-                back = self._windows[info.id].add(sample, at)
+                back = self._windows[info.id].add(sample, at, since)
                 if back:
                     self.stats["restarts"] += 1
                     _log.warning(

@@ -6,8 +6,10 @@ gauges add their sample. Closing the window at a step gives that step's rows and
 window, so every increase and every gauge sample is counted in exactly one step.
 
 The engine's first sample is the baseline: an engine already running when monitoring starts
-does not count its history. A counter or histogram that appears in a later sample counts from
-zero (Ray, and ``prometheus_client`` for a labelled series, create a series at its first
+does not count its history. An engine new since an earlier read of its page (``since``: that
+read did not show it) has no history before it: its first sample counts everything from zero
+over the seconds since that read. A counter or histogram that appears in a later sample counts
+from zero (Ray, and ``prometheus_client`` for a labelled series, create a series at its first
 record); one missing from a sample keeps its last value, so it is not counted twice when it is
 back.
 
@@ -88,10 +90,14 @@ class EngineWindow:
     gauges: dict[str, _Gauge] = field(default_factory=dict)
     samples: int = 0
 
-    def add(self, sample: EngineSample, at: float) -> list[str]:
+    def add(self, sample: EngineSample, at: float, since: float | None = None) -> list[str]:
         """Feed one good scrape taken at ``at``; returns the series that went backwards (a
-        restart) so the caller can say so once."""
+        restart) so the caller can say so once. ``since``, for the engine's first sample: the
+        engine came into being after a scrape taken then (its page, read then, did not show
+        it), so it stood at zero then and everything it shows now is its increase since."""
         went_back: list[str] = []
+        if self.previous is None and since is not None:
+            self.previous, self.previous_at = EngineSample(sample.kind), since
         previous = self.previous
         if previous is not None:
             went_back = _went_back(previous, sample)

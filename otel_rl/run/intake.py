@@ -77,7 +77,7 @@ class Intake:
         if steps.closed:
             self._report("<log_metrics>", "called after finish(); values ignored")
             return
-        if not isinstance(metrics, Mapping):
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):  # (an ABC check)
             raise MetricError(metrics, f"metrics must be a mapping, got {type(metrics).__name__}")
         fresh: dict[str, Any] = {}
         if step_metric is not None and prefix and step_metric in metrics:
@@ -95,6 +95,8 @@ class Intake:
         watch = self._watch
         if watch is not None:
             watch.stamp(step, fresh)
+        if self._known.issuperset(fresh):  # the usual call: no new key, and no set built
+            return
         new = fresh.keys() - self._known
         if new:
             self._refuse_unstorable(new, fresh)
@@ -128,9 +130,8 @@ class Intake:
         (step lock held)."""
         assert self._anatomy is not None
         rows = self._anatomy.rows()
-        new = rows.keys() - self._known
-        if new:
-            self._register(set(new), rows, ANATOMY)
+        if not self._known.issuperset(rows):  # a phase timed for the first time
+            self._register(set(rows.keys() - self._known), rows, ANATOMY)
         if self._side_readers:
             self._latest.update(rows)
         return rows

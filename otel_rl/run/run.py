@@ -141,7 +141,8 @@ class Run:
             # Another thread is ending the run (a daemon thread, then atexit): returning now
             # would let the process exit in the middle of its drain.
             if self._ending not in (None, threading.get_ident()):
-                self._ended.wait(self.shutdown_timeout + SHUTDOWN_GRACE)
+                # Its longest end: a killed delivery process's count gets one grace more.
+                self._ended.wait(self.shutdown_timeout + 2 * SHUTDOWN_GRACE)
             return
         try:
             self._end(code)
@@ -168,7 +169,7 @@ class Run:
         ])  # fmt: skip
         # The grace second lets a tracker that gave up at the deadline close its client.
         late += still_stopping(otel, deadline.at)
-        late += still_stopping(trackers, deadline.at + SHUTDOWN_GRACE)
+        late += self.trackers.still_stopping(trackers, deadline)
         if late:
             _log.warning(
                 "otel-rl: the run ended at its deadline (export.shutdown_timeout: %g s) without "

@@ -94,7 +94,8 @@ class StepAssembler:
     ) -> None:
         """One ``log_metrics`` call: resolve its step, admit its values (everything that can
         refuse the call runs before the pending step changes: a refused call leaves no trace,
-        not even an empty row at its step), merge them, and seal when ``finished``."""
+        not even an empty row at its step), merge them, and seal when ``finished``.
+        ``values`` is the call's own dict: the pending step may take it as its row."""
         with self._lock:
             resolved = self._resolve(step, strict)
             if self.admit is not None:
@@ -102,7 +103,10 @@ class StepAssembler:
             if self._step is not None and resolved != self._step:
                 self._seal()
             self._step = resolved
-            self._values.update(values)
+            if self._values:
+                self._values.update(values)
+            else:  # the call's own dict (Intake's), nobody else's: taken, not copied
+                self._values = values
             self._otel.extend(self._take_otel())
             if self._spans is not None:
                 self._spans.take(resolved)
@@ -132,9 +136,10 @@ class StepAssembler:
                 "<step>", f"step {step} is outside the signed 64-bit range trackers store; "
                 "this call's values are dropped",
             )  # fmt: skip
-        seen = [s for s in (self._last, self._step) if s is not None]
-        last = max(seen) if seen else None
-        if last is not None and step < last and step != self._step:
+        last, pending = self._last, self._step
+        if pending is not None and (last is None or pending > last):
+            last = pending
+        if last is not None and step < last and step != pending:
             self._stats["backwards_steps"] += 1
             if self._stats["backwards_steps"] == 1 or strict:
                 self._report(

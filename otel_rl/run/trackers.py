@@ -33,7 +33,14 @@ from otel_rl.delivery.spool import (
     waiting_records,
 )
 from otel_rl.delivery.tracker import Tracker
-from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline, Part, stop_in_parallel
+from otel_rl.process.deadline import (
+    SHUTDOWN_GRACE,
+    Deadline,
+    Part,
+    Stopping,
+    still_stopping,
+    stop_in_parallel,
+)
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.run.history import (
     ATTEMPT_KEY,
@@ -116,14 +123,30 @@ class RunTrackers:
             (f"tracker {c.name}", partial(_shutdown, c, deadline, exit_code)) for c in self.local
         ]
         if self.link is not None:
-            parts.append((f"delivery process ({', '.join(self.link.names)})",
-                          partial(self.link.finish, deadline, exit_code)))  # fmt: skip
+            parts.append((self._link_part, partial(self.link.finish, deadline, exit_code)))
         if self.previous is not None:
             # Still delivering the earlier launch: it stops between two writes (what is left
             # stays for replay) and closes its runs before this launch's trackers close them
             # with this launch's status, which is the run's.
             parts.append(("the earlier launch's delivery", partial(self.previous.stop, deadline)))
         return parts
+
+    def still_stopping(self, stopping: Stopping, deadline: Deadline) -> list[str]:
+        """The names of the parts of ``stopping`` (:meth:`stopping`'s, started) still stopping
+        a grace after ``deadline``. The delivery process's end is waited for one grace more:
+        killed at the deadline, it leaves this process to write what it never spooled to the
+        leftover file and to count what it left, local work that the exit would cut (those
+        records lost, the count never said) on a machine too busy to do it in time."""
+        late = still_stopping(stopping, deadline.at + SHUTDOWN_GRACE)
+        link = [(name, thread) for name, thread in stopping if name == self._link_part]
+        if self._link_part not in late or not link:
+            return late
+        others = [name for name in late if name != self._link_part]
+        return others + still_stopping(link, deadline.at + 2 * SHUTDOWN_GRACE)
+
+    @property
+    def _link_part(self) -> str:
+        return f"delivery process ({', '.join(self.link.names if self.link else ())})"
 
     def abandon(self) -> None:
         """The run failed to start: stop the trackers started so far (nothing was logged)."""

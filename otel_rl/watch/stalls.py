@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,8 +212,6 @@ class StallReport:
     def to_text(self) -> str:
         lines = ["otel-rl stall report"]
         if self.verdict is not None:
-            from otel_rl.watch.verdict import chain_lines
-
             lines += [f"verdict: {self.verdict['text']}", "how it is known:"]
             lines += [*chain_lines(self.verdict), ""]
         lines += [
@@ -249,6 +247,15 @@ class StallReport:
         if self.ended is not None:
             lines += ["", f"{self.ended['summary']} (at {self.ended['at']})"]
         return "\n".join(lines) + "\n"
+
+
+def chain_lines(verdict: Mapping[str, Any]) -> Iterator[str]:
+    """The report's lines for a verdict's chain (:mod:`otel_rl.watch.verdict`): each link with
+    its evidence."""
+    for number, link in enumerate(verdict.get("chain") or [], 1):
+        yield f"  {number}. {link['process']}: {link['evidence']}"
+    for note in verdict.get("missing") or []:
+        yield f"  not known: {note}"
 
 
 class StallWatchdog:

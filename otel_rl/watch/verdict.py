@@ -4,7 +4,8 @@ that waits for in turn, down to what is stuck.
 Built on the stall watchdog's thread when a report is made, from what the run has at that
 moment: the live Python frames of this process (a wait is recognised in ``ray.get``/``ray.wait``,
 an HTTP client, a ``torch.distributed`` collective, a queue, lock, condition or event, a
-subprocess), Ray's state API (the task behind the object ref waited on, its actor and node, the
+subprocess; a lock by its object, with the thread that holds it: :mod:`otel_rl.watch.locks`),
+Ray's state API (the task behind the object ref waited on, its actor and node, the
 tasks running on that actor), the actors' ``py-spy`` stacks and the workers' open-timer reports
 already in the :class:`~otel_rl.watch.stalls.StallReport`, the rollout monitor's per-engine
 counts and the GPU bridge's last readings. Each link of the chain says where its facts came from
@@ -23,15 +24,17 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from otel_rl.watch.stalls import p95, seconds
+from otel_rl.watch import locks
+from otel_rl.watch.locks import where as _where
+from otel_rl.watch.stalls import chain_lines, p95, seconds
 
-__all__ = ["Link", "Verdict", "build_verdict", "training_thread"]
+__all__ = ["Link", "Verdict", "build_verdict", "chain_lines", "training_thread"]
 
 #: ``torch.distributed`` functions that are collectives (or point-to-point waits) of a group.
 COLLECTIVES = frozenset({
@@ -100,12 +103,15 @@ class Verdict:
 class _Wait:
     """A wait recognised in a thread's frames."""
 
-    kind: str  # ray | http | collective | sync | subprocess | code
+    kind: str  # ray | http | collective | sync | lock | subprocess | code
     words: str  # "ray.get of 1 object ref", "HTTP GET http://h:1/x", ...
     evidence: str
     refs: list[Any] = field(default_factory=list)  # ray: the ObjectRefs
     host: str | None = None  # http: "host:port"
     url: str | None = None
+    lock: locks.Taken | None = None  # lock: the lock being taken
+    #: What could not be known of it, for the verdict's ``missing``.
+    unknown: str | None = None
 
 
 def training_thread(phases: Mapping[int, Sequence[tuple[str, float]]]) -> int | None:
@@ -125,11 +131,6 @@ def _frames(frame: FrameType | None) -> list[FrameType]:
         out.append(frame)
         frame = frame.f_back
     return out
-
-
-def _where(frame: FrameType) -> str:
-    code = frame.f_code
-    return f"{code.co_name} ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
 
 
 def _in(frame: FrameType, *parts: str) -> bool:
@@ -158,7 +159,15 @@ def recognise(frame: FrameType | None) -> _Wait | None:
     code = _user_frame(frames)
     line = linecache.getline(code.f_code.co_filename, code.f_lineno).split("  #")[0].strip()
     words = f"{_where(code)}" + (f": {line}" if line else "")
-    return _Wait("code", words, "its Python stack (no known wait recognised in it)")
+    wait = _Wait("code", words, "its Python stack (no known wait recognised in it)")
+    try:
+        unread = locks.unread(frames[0])
+    except Exception:  # reading the frame's source and bytecode
+        unread = None
+    if unread is not None:
+        wait.unknown = f"whether {unread} is a lock (the verdict does not run the program's code " \
+                       "to read it)"  # fmt: skip
+    return wait
 
 
 def _user_frame(frames: list[FrameType]) -> FrameType:
@@ -374,17 +383,28 @@ def _sync_wait(frames: list[FrameType]) -> _Wait | None:
             words = f"concurrent.futures {'Future.' if kind == 'Future' else ''}{name}"
         elif _in(frame, "/multiprocessing/") and name in ("get", "recv", "join", "wait", "poll"):
             words = f"multiprocessing {kind}.{name}"
+        elif (taken := _taken(frame, innermost=frame is frames[0])) is not None:
+            outer = _lock_wait(frame, taken)
+            continue
         else:
             continue
         outer = _Wait("sync", words, f"its stack, frame {_where(frame)}")
-    if outer is not None:
-        return outer
-    frame = _user_frame(frames)
-    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-    if frame is frames[0] and re.search(r"\.acquire\(|^with\s.*lock", line, re.IGNORECASE):
-        return _Wait("sync", f"a lock at {_where(frame)}: {line}",
-                     "the source line of its innermost frame")  # fmt: skip
-    return None
+    return outer
+
+
+def _taken(frame: FrameType, innermost: bool) -> locks.Taken | None:
+    try:
+        return locks.taken_in(frame, innermost)
+    except Exception:  # reading a frame's source and bytecode: the wait is then named by its line
+        return None
+
+
+def _lock_wait(frame: FrameType, taken: locks.Taken) -> _Wait:
+    """A wait to take a lock, named where the program takes it."""
+    line = locks.source_line(taken.frame)
+    words = f"{taken.noun} at {_where(taken.frame)}" + (f": {line}" if line else "")
+    what = f"{taken.expression} is a {taken.kind}" if taken.expression else f"a {taken.kind}"
+    return _Wait("lock", words, f"its stack, frame {_where(frame)}: {what}", lock=taken)
 
 
 _STDLIB_QSIZE = (queue.Queue.qsize, queue.SimpleQueue.qsize)
@@ -636,6 +656,97 @@ def _gpu_link(ip: str | None, gpus: Any, verdict: Verdict) -> None:
         return
 
 
+# ---- who holds the lock waited on --------------------------------------------------------------
+
+#: The most holders followed from lock to lock.
+_HOLDERS = 4
+
+
+def _holder_links(
+    wait: _Wait,
+    training: int | None,
+    verdict: Verdict,
+    phases: Mapping[int, Sequence[tuple[str, float]]],
+    now: float,
+) -> None:
+    """The thread holding the lock ``wait`` is on and what it waits on in turn; when that is a
+    lock again, its holder, until a thread waits on something else, or on a lock held by a
+    thread already in the chain: a deadlock."""
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+    chain = [training]
+    try:
+        while wait.lock is not None and len(chain) <= _HOLDERS:
+            that = "it" if len(chain) == 1 else "that one"
+            try:
+                found, why = locks.holders(wait.lock.lock, frames)
+            except Exception as exc:  # the threads' stacks and sources: the rest stands
+                found, why = [], f"reading the threads' stacks failed ({type(exc).__name__}: {exc})"
+            if not found:
+                verdict.missing.append(f"which thread holds {that}: {why}")
+                return
+            if len(found) > 1:  # a semaphore's
+                who = ", ".join(_thread_words(h, training, names) for h in found)
+                places = "; ".join(h.how for h in found)
+                evidence = "; ".join(_holder_evidence(h, wait.lock) for h in found)
+                verdict.chain.append(Link(who, None, None, None, evidence,
+                                          text=f"{who} hold {that} ({places})"))  # fmt: skip
+                return
+            holder = found[0]
+            who = _thread_words(holder, training, names)
+            evidence = _holder_evidence(holder, wait.lock)
+            frame = None if holder.ended else frames.get(holder.ident)
+            ending = None
+            if holder.ident in chain and not holder.ended:
+                ending = "it waits on itself, a deadlock" if holder.ident == chain[-1] else \
+                    "a deadlock"  # fmt: skip
+            elif frame is None:
+                ending = "it is never released"
+            if ending is not None:
+                text = f"{who} holds {that} ({holder.how}): {ending}"
+                verdict.chain.append(Link(who, None, None, None, evidence, text=text))
+                return
+            inner = recognise(frame)
+            if inner is None:
+                return
+            stack = phases.get(holder.ident) or []
+            path, age, place = None, None, ""
+            if stack:
+                path, began = stack[-1]
+                age = now - began
+                place = f" in {' > '.join(path.split('/'))} ({seconds(age)})"
+                evidence += f"; open timer {path!r} since {seconds(age)} ago"
+            verb = "is" if inner.kind == "code" else "waits"
+            text = (f"{who} holds {that} ({holder.how}) and {verb}{place} "
+                    f"{'at' if verb == 'is' else 'on'} {inner.words}")  # fmt: skip
+            verdict.chain.append(Link(who, path, inner.words, age,
+                                      f"{evidence}; {inner.evidence}", text=text))  # fmt: skip
+            chain.append(holder.ident)
+            wait = inner
+    finally:
+        del frames  # each frame holds every local of its stack
+
+
+def _thread_words(holder: locks.Holder, training: int | None, names: Mapping[int, str]) -> str:
+    ident = holder.ident
+    if holder.ended:
+        return f"thread {ident} (ended)"
+    if ident == training:
+        return "the training thread"
+    return f"thread {names[ident]!r}" if ident in names else f"thread {ident}"
+
+
+def _holder_evidence(holder: locks.Holder, taken: locks.Taken) -> str:
+    if holder.frame is None:
+        said = f"the {taken.kind}'s record of its owner (thread id {holder.ident}"
+        if holder.ended:
+            return said + ", a thread that has ended)"
+        # Taken with acquire(); or its owner ended and the id was given to a later thread.
+        return said + ": no with block on it in that thread's stack)"
+    said = f"its frame {_where(holder.frame)} is inside {holder.statement}, on that {taken.kind}"
+    return f"the lock's record of its owner; {said}" if holder.owner else said
+
+
 # ---- the verdict -------------------------------------------------------------------------------
 
 
@@ -698,6 +809,8 @@ def build_verdict(
             return verdict
         head = Link(process, path, wait.words, age, f"{evidence}; {wait.evidence}")
         verdict.chain.append(head)
+        if wait.unknown is not None:
+            verdict.missing.append(wait.unknown)
         node_ip: str | None = None
         if wait.kind == "ray":
             words, node_ip = _ray_links(wait, report, verdict, deadline)
@@ -707,6 +820,8 @@ def build_verdict(
         elif wait.kind == "collective":
             verdict.missing.append("which rank has not joined it (each rank's own stall report "
                                    "says where that rank is)")  # fmt: skip
+        elif wait.kind == "lock":
+            _holder_links(wait, ident, verdict, phases, now)
         verb = "waits" if wait.kind != "code" else "is"
         head.text = f"{process} {verb} {where} " + ("on " if verb == "waits" else "at ")
         head.text += head.waits_on or wait.words
@@ -716,11 +831,3 @@ def build_verdict(
         return verdict
     finally:
         del frame  # a frame holds every local of the stack it belongs to
-
-
-def chain_lines(verdict: Mapping[str, Any]) -> Iterator[str]:
-    """The report's lines for a verdict's chain: each link with its evidence."""
-    for number, link in enumerate(verdict.get("chain") or [], 1):
-        yield f"  {number}. {link['process']}: {link['evidence']}"
-    for note in verdict.get("missing") or []:
-        yield f"  not known: {note}"

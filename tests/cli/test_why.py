@@ -5,6 +5,7 @@ run wrote (read here with ``json``), and the slow step is the one the sleeps mad
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -133,11 +135,37 @@ def test_step_takes_one_step_apart_and_json_says_the_same(log_dir):
     assert step["text"].startswith(f"step 1 took {duration(wall)}")
 
 
-def _rollout_worker(rank: int, step: int, seconds: float, out: list) -> None:
+class _SlowestHolds:
+    """Rank 2 is inside its innermost block before the other ranks start, and leaves each block
+    only once they have left theirs of the same name: each of its blocks holds theirs, so it is
+    the slowest at both timings however the machine schedules the threads (sleeps alone are not
+    enough: a loaded machine stretches any of them)."""
+
+    def __init__(self, others: int) -> None:
+        self.others = others
+        self.innermost = threading.Event()
+        self.out = {name: threading.Semaphore(0) for name in ("generation", "detokenize")}
+
+    @contextlib.contextmanager
+    def block(self, worker: WorkerMetrics, name: str, slowest: bool) -> Iterator[None]:
+        with worker.timer(name):
+            yield
+            if slowest:
+                assert all(self.out[name].acquire(timeout=60) for _ in range(self.others))
+        if not slowest:
+            self.out[name].release()
+
+
+def _rollout_worker(rank: int, step: int, seconds: float, out: list, order: _SlowestHolds) -> None:
     worker = WorkerMetrics(rank=rank, role="rollout")
-    with worker.timer("generation"):
+    slowest = rank == 2
+    if not slowest:
+        assert order.innermost.wait(60)
+    with order.block(worker, "generation", slowest):
         time.sleep(seconds)
-        with worker.timer("detokenize"):
+        with order.block(worker, "detokenize", slowest):
+            if slowest:
+                order.innermost.set()
             time.sleep(0.01 * (rank + 1))
     worker.record("tokens", 100.0, reduce="sum")
     out.append(worker.snapshot(step=step))
@@ -150,11 +178,13 @@ def test_workers_their_slowest_rank_the_critical_path_and_the_stragglers(log_dir
     with Logger(cfg) as logger:
         for step in range(4):
             snapshots: list = []
+            order = _SlowestHolds(others=2)
             with logger.timer("generation"):
                 workers = [
-                    threading.Thread(target=_rollout_worker, args=(rank, step, s, snapshots))
+                    threading.Thread(target=_rollout_worker,
+                                     args=(rank, step, s, snapshots, order))
                     for rank, s in enumerate((0.05, 0.05, 0.15))
-                ]
+                ]  # fmt: skip
                 for thread in workers:
                     thread.start()
                 for thread in workers:
@@ -629,3 +659,35 @@ def test_a_relaunched_run_read_by_its_layout_and_decoded_as_json_gives_one_answe
     assert now == before
     assert now["steps"] == 6 and now["slowest"][0]["step"] == 2
     assert now["attempts"] == {"resumes": [], "superseded": []}
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly_with_141(log_dir, tmp_path):
+    """``otel-rl why DIR --json | head -2``: the reader closes the pipe after two lines while
+    the command still has most of its answer to print (far beyond a pipe's buffer, so the
+    closing always comes first). The command stops there: nothing on stderr, exit code 141
+    (128 + SIGPIPE, as the shell reports for ``cat``; docs/anatomy.md)."""
+    from otel_rl.cli.main import STDOUT_CLOSED
+
+    slow_step_run(log_dir, steps=4, slow=1)
+    written = jsonl_rows(log_dir / "metrics.jsonl")
+    big = tmp_path / "big" / "metrics.jsonl"
+    big.parent.mkdir()
+    with big.open("w") as f:
+        for step in range(2000):
+            row = written[step % len(written)]
+            f.write(json.dumps({**row, "step": step}, separators=(",", ":")) + "\n")
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("wb") as err:
+        command = subprocess.Popen(
+            [*CLI, "why", str(big.parent), "--json", "--top", "2000"],
+            stdout=subprocess.PIPE, stderr=err,
+        )  # fmt: skip
+        assert command.stdout is not None
+        first = [command.stdout.readline() for _ in range(2)]
+        command.stdout.close()
+        code = command.wait(timeout=120)
+    assert first == [b"{\n", f'  "metrics": {json.dumps(str(big))},\n'.encode()]
+    assert stderr.read_text() == ""
+    assert code == STDOUT_CLOSED == 141
+    # The same answer read whole: far more than the pipe held when the reader left.
+    assert len(json.dumps(explain(big.parent, top=2000).to_json(), indent=2)) > 256 * 1024

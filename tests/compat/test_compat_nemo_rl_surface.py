@@ -282,7 +282,10 @@ def test_slow_and_raising_loggers_neither_block_nor_break_training(log_dir, otel
 
 def test_a_hung_logger_is_left_behind_when_finish_runs_out_of_time(log_dir, otel_rl_warnings):
     """A logger that never returns: ``finish()`` ends within ``export.shutdown_timeout`` (+
-    the grace), the built-in tracker has its rows, and the calls left are reported as lost."""
+    the grace), the built-in tracker has its rows, and one message says it, in the terms of
+    the Logger it was given to: the deadline it has (no ``shutdown()`` was called), that it is
+    left behind, and that the calls left are lost (there is no spool to turn on: its calls
+    hold live objects)."""
     release = threading.Event()
 
     class Hung(RecordingLogger):
@@ -301,7 +304,14 @@ def test_a_hung_logger_is_left_behind_when_finish_runs_out_of_time(log_dir, otel
     assert tensorboard_scalars(log_dir / "tensorboard")["train/loss"] == [
         (0, 0.0), (1, 1.0), (2, 2.0)]
     warnings = [r.getMessage() for r in otel_rl_warnings.records]
-    assert any("nemo_rl logger Hung: 3 record(s) lost for good" in w for w in warnings), warnings
+    assert [w for w in warnings if "Hung" in w] == [
+        "otel-rl: nemo_rl logger Hung: 3 record(s) not delivered before the shutdown timeout "
+        "(export.shutdown_timeout: 1 s; it had not returned from a write or its close 0.5 s "
+        "later and is left behind). They are lost: a LoggerInterface's calls hold live objects "
+        "(figures, tensors) and are never spooled."
+    ], warnings
+    ((_, exporter),) = logger._channels.values()  # its counters say the same
+    assert (exporter.delivery.undelivered, exporter.delivery.lost) == (3, {"exit_timeout": 3})
 
 
 def test_a_run_left_open_delivers_its_own_loggers_calls_at_exit(tmp_path):

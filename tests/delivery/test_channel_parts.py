@@ -133,3 +133,24 @@ def test_the_end_message_names_the_deadline_in_the_unit_it_was_given_in():
         "mlflow: the step still being logged when the run ended was checkpointed "
         "(2 checkpoint(s)); no other record is undelivered."
     )
+
+
+def test_a_tracker_left_behind_with_records_left_is_said_once_with_where_they_are():
+    """A tracker still in a write when its grace ran out: one message says how many records are
+    left, that it is left behind (no advice to wait longer: it had not come back) and where the
+    records are: the spool and the command, or, for a tracker whose records live in memory
+    only, that they are lost and why, in its own words."""
+    common: dict[str, Any] = {
+        "left": 3, "checkpoints": 0, "timeout": 0.0, "run_timeout": 2.0, "failure": None,
+        "last_error": None, "log_dir": "/logs", "left_behind": True,
+    }  # fmt: skip
+    spooled = undelivered_message("mlflow", spool_dir=Path("/spool"), **common)
+    assert spooled == (
+        "mlflow: 3 record(s) not delivered before the shutdown timeout (export.shutdown_timeout: "
+        f"2 s; it had not returned from a write or its close {CLOSE_GRACE:g} s later and is left "
+        "behind). They are in the spool (/spool); deliver them with: otel-rl replay /logs"
+    )
+    in_memory = undelivered_message(
+        "calls", spool_dir=None, memory_only="its records hold live objects", **common
+    )
+    assert in_memory.endswith(" and is left behind). They are lost: its records hold live objects.")

@@ -23,3 +23,40 @@ def test_quick_scaling_benchmark_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads(out.read_text())
     assert [row["keys"] for row in results["scaling"]["keys"]] == [10, 100, 1000]
+
+
+@pytest.mark.slow
+def test_against_a_revision_measures_both_trees_in_one_run(tmp_path: Path) -> None:
+    """``--against REV`` runs the hot loop on REV's tree (extracted by git) and on the working
+    tree: each side imports its own otel_rl (checked inside), and each row has both sides'
+    numbers and their ratio."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    out = tmp_path / "against.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--against", "HEAD", "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(out.read_text())["against"]
+    assert [row["delivery"] for row in rows] == ["process", "thread"]
+    for row in rows:
+        assert row["against"] == head[:10] and row["steps"] == 300
+        for measure in ("median_us", "p99.9_us", "max_us", "loop_s"):
+            before, now = row[f"before_{measure}"], row[f"now_{measure}"]
+            assert before > 0 and now > 0
+        for measure in ("median_us", "p99.9_us", "max_us"):  # (loop_s is too coarse to redo)
+            before, now = row[f"before_{measure}"], row[f"now_{measure}"]
+            assert row[f"ratio_{measure}"] == pytest.approx(now / before, rel=0.01)
+    assert "ratio_median_us" in done.stdout  # the table is printed too
+
+
+def test_against_an_unknown_revision_says_so(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--against", "no-such-rev-x", "--quick",
+         "--out", str(tmp_path / "a.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--against 'no-such-rev-x': git knows no such revision" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -453,6 +453,10 @@ EXPECTED: dict[tuple[str, str], How] = {
         command=("opentelemetry-instrument", "python", "train.py"),
     ),
     ("docs/backends/tensorboard.md", "acc = EventAccumulator("): How(_tensorboard_reader),
+    # The verdict names a lock's line from the script's source, which `python -c` has not.
+    ("docs/stalls.md", "# train.py: a lock held by another thread"): How(
+        command=("python", "train.py")
+    ),
     ("docs/backends/README.md", "class CsvTracker(Tracker):"): How(_csv_tracker),
     ("docs/distributed.md", "class PolicyWorker:"): How(_ray_single_controller),
     ("docs/distributed.md", "aggregator = MetricsAggregator.start()"): How(_ray_aggregator),

@@ -290,6 +290,126 @@ def test_a_delivery_process_killed_at_the_deadline_says_what_each_spool_keeps_fo
     assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(30)]
 
 
+def _replayed(tmp_path: Path, env: dict[str, str]) -> str:
+    """``otel-rl replay`` of the run (it must succeed): its summary line for ``faultfile``."""
+    replay = subprocess.run([*REPLAY, str(tmp_path / "logs"), "--no-progress"], env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    (line,) = [line for line in replay.stdout.splitlines() if line.startswith("faultfile ")]
+    return line
+
+
+@pytest.mark.slow
+def test_a_delivery_process_behind_at_finish_keeps_the_runs_deadline_and_says_what_it_left(
+    tmp_path,
+):
+    """The delivery process reads the end of the run late (it is behind: stopped here from
+    ``finish()`` on, for 1.5 s of a 3 s deadline). It gives up at the training process's
+    deadline, not 3 s after its reading, which would pass the training process's kill a grace
+    later: its tracker is closed and its channel counts what it left, exactly, with the replay
+    command; replay then delivers exactly that many."""
+    control = tmp_path / "control"
+    set_mode(control, "ok")
+    script = _faultfile_script(tmp_path, control, 3.0, f"""
+        import threading
+        for step in range(10):
+            logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
+        assert logger.flush(30)
+        set_mode({str(control)!r}, "raise")  # the backend is down: the rest stays spooled
+        for step in range(10, 40):
+            logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
+        tracker = logger.exporters[0]
+        child = tracker.link.process.pid
+        ends = time.monotonic() + 30
+        while waiting_records(tracker.spool_dir) < 30 and time.monotonic() < ends:
+            time.sleep(0.05)
+        os.kill(child, signal.SIGSTOP)
+        threading.Timer(1.5, os.kill, (child, signal.SIGCONT)).start()
+        logger.finish()
+        print("UNDELIVERED", tracker.undelivered, "PENDING", tracker.pending, file=sys.stderr)
+    """)
+    env = env_with_faultfile(tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "UNDELIVERED 30 PENDING 0" in done.stderr, done.stderr
+    spool = next((spool_root(tmp_path / "logs") / "faultfile").iterdir())
+    said = [line for line in done.stderr.splitlines() if "not delivered" in line]
+    assert said == [
+        "otel-rl: faultfile: 30 record(s) not delivered before the shutdown timeout "
+        "(export.shutdown_timeout: 3 s; last error: ConnectionError: faultfile: backend down "
+        "(control file says so); raise export.shutdown_timeout to deliver more before exit, "
+        f"lower it to wait less). They are in the spool ({spool}); deliver them with: "
+        f"otel-rl replay {tmp_path / 'logs'}"
+    ], done.stderr
+    assert "killed" not in done.stderr, done.stderr
+    set_mode(control, "ok")
+    assert _replayed(tmp_path, env).endswith(": 30/30 record(s) delivered")
+    rows = read_rows(tmp_path / "rows.jsonl")
+    assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(40)]
+
+
+@pytest.mark.slow
+def test_what_a_killed_delivery_process_left_is_said_before_finish_returns_however_busy(
+    tmp_path,
+):
+    """The delivery process never ends the run (stopped here: killed at the deadline), and the
+    training process's own threads are held back past the grace (a thread of the script holds
+    the GIL in one C call from just before the kill until after the grace, as a machine too
+    busy to schedule them would): the count of what each spool keeps, with the replay command,
+    is still said before ``finish()`` returns (one grace late at most), and replay delivers
+    exactly that many."""
+    control = tmp_path / "control"
+    set_mode(control, "ok")
+    script = _faultfile_script(tmp_path, control, 1.0, f"""
+        import ctypes, logging, threading
+        said = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                said.append(record.getMessage())
+        logging.getLogger("otel_rl").addHandler(Keep())
+        for step in range(10):
+            logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
+        assert logger.flush(30)
+        set_mode({str(control)!r}, "raise")  # the backend is down: the rest stays spooled
+        for step in range(10, 50):
+            logger.log_metrics({{"loss": float(step)}}, step=step, step_finished=True)
+        tracker = logger.exporters[0]
+        ends = time.monotonic() + 30
+        while waiting_records(tracker.spool_dir) < 40 and time.monotonic() < ends:
+            time.sleep(0.05)
+        os.kill(tracker.link.process.pid, signal.SIGSTOP)
+        def busy():
+            time.sleep(1.0 + 0.6)  # the deadline, then the grace the delivery process has
+            ctypes.PyDLL(None).usleep(900_000)  # holds the GIL: no other thread runs
+        threading.Thread(target=busy, daemon=True).start()
+        began = time.monotonic()
+        logger.finish()
+        print("FINISH", time.monotonic() - began, file=sys.stderr)
+        print("SAID", [m for m in said if m.startswith("otel-rl: faultfile: ")
+                       and "not delivered" in m], file=sys.stderr)
+        print("UNDELIVERED", tracker.undelivered, file=sys.stderr)
+    """)
+    env = env_with_faultfile(tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    spool = next((spool_root(tmp_path / "logs") / "faultfile").iterdir())
+    message = (
+        "otel-rl: faultfile: 40 record(s) not delivered before the shutdown timeout "
+        "(export.shutdown_timeout: 1 s; the delivery process was killed there). They are in "
+        f"the spool ({spool}); deliver them with: otel-rl replay {tmp_path / 'logs'}"
+    )
+    assert f"SAID {[message]!r}" in done.stderr, done.stderr
+    assert "UNDELIVERED 40" in done.stderr, done.stderr
+    took = float(done.stderr.split("FINISH ", 1)[1].split()[0])
+    assert took < 1.0 + 2.0, done.stderr  # one grace more than a run whose parts all end
+    set_mode(control, "ok")
+    assert _replayed(tmp_path, env).endswith(": 40/40 record(s) delivered")
+    rows = read_rows(tmp_path / "rows.jsonl")
+    assert [(s, r["loss"]) for s, r in rows] == [(s, float(s)) for s in range(50)]
+
+
 @pytest.mark.slow
 def test_a_replay_right_after_a_kill_waits_for_the_delivery_process_still_delivering(
     tmp_path,

@@ -135,3 +135,62 @@ def test_series_that_appear_after_the_first_sample_count_from_zero_and_the_run_t
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "ever had a metric for prefix_cache_hit_rate" in warnings[0]
+
+
+def _engines_on(url: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return parse_ray_node_page(response.read().decode())
+
+
+@pytest.mark.slow
+def test_an_engine_first_seen_with_its_first_requests_already_counted_counts_them(ray_cluster):
+    """An engine that starts during the run and whose first push to its node's page already
+    holds its first requests (gauges, counters and histograms recorded at once, as when Ray's
+    push comes after the engine's first batch): the node's page, read before without it, says
+    it is new, so step 1 counts every series of its first sample from zero, and step 2 nothing
+    twice. (Before, that first sample was a baseline: step 1 lost those requests.)"""
+    ray, url = ray_cluster
+    got: dict[int, dict[str, float]] = {}
+    cond = threading.Condition()
+
+    def emit(step: int, values: dict[str, float]) -> None:
+        with cond:
+            got[step] = values
+            cond.notify_all()
+
+    before = set(_engines_on(url))  # an engine an earlier test left on the node, if any
+    (first,) = parse_engine_page(V1_FIRST).values()
+    monitor = RolloutMonitor([], emit=emit, source="ray", collection_interval=3600)
+    try:
+        assert monitor.wait_rounds(1)  # the node's page, without the new engine
+        engine = ray.remote(num_cpus=0)(ForwardingEngine).remote()
+        ray.get(engine.record.remote(_ops(V1_FIRST)))
+        deadline = time.monotonic() + 60
+        while True:  # until its whole first sample is on the page (no scrape meanwhile)
+            new = {k: s for k, s in _engines_on(url).items() if k not in before}
+            if [(s.counters, s.histograms) for s in new.values()] == [
+                (_without_prefix(first.counters), first.histograms)
+            ]:
+                (key,) = new
+                break
+            assert time.monotonic() < deadline, f"the node's page never showed it: {new}"
+            time.sleep(0.1)
+        monitor.mark_step(1)
+        assert monitor.flush()
+        monitor.mark_step(2)
+        assert monitor.flush()
+    finally:
+        monitor.close()
+    (info,) = [e for e in monitor.engines if e.label == key]
+    head = f"rollout/engine.{info.id}."
+    step1, step2 = got[1], got[2]
+    assert step1[head + "requests_finished"] == first.counters["requests_finished"]
+    assert step1["rollout/requests_finished"] == first.counters["requests_finished"]
+    assert step1[head + "preemptions"] == first.counters["preemptions"] == 37.0
+    hist = first.histograms["ttft"]
+    assert step1[head + "ttft_p90_s"] == histogram_quantile(0.9, hist.bounds, hist.counts)
+    assert step1[head + "gen_tokens_per_s"] > 0
+    assert step2[head + "requests_finished"] == 0.0
+    assert step2["rollout/requests_finished"] == 0.0

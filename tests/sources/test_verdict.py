@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -333,7 +334,369 @@ def test_a_driver_waiting_on_a_thread_primitive_is_told_which(tmp_path, wait, wo
     line = first + next(i for i, text in enumerate(lines) if "with lock:" in text)
     verdict = json.loads(_reports(log_dir)[0].read_text())["verdict"]
     assert verdict["chain"][0]["waits_on"] == words.format(line=line), verdict["text"]
-    assert verdict["text"].endswith(f"on {words.format(line=line)}")
+    said, *unknown = verdict["text"].split("; not known: ")
+    assert said.endswith(f"on {words.format(line=line)}")
+    # The lock's holder took it with acquire(): a threading.Lock records no owner to name.
+    assert unknown == ([_NO_OWNER] if wait is _wait_on_a_lock else [])
+
+
+_NO_OWNER = ("which thread holds it: a threading.Lock records no owner, and no thread of this "
+             "process is inside a with block on it (one taken with acquire() is not seen)")
+
+
+# ---- a lock is known by its object, never by its name ------------------------------------------
+
+#: A module's lock, named as a team may name one: nothing in the name says "lock".
+weights_guard: Any = threading.Lock()
+
+
+class _Weights:
+    def __init__(self, guard: Any) -> None:
+        self.guard = guard
+
+
+def _enter_the_modules_guard(guard: Any) -> None:
+    with weights_guard:
+        pass
+
+
+def _enter_an_attribute(guard: Any) -> None:
+    store = _Weights(guard)
+    with store.guard:
+        pass
+
+
+def _acquire_an_item(guard: Any) -> None:
+    guards, role = {"policy": guard}, "policy"
+    guards[role].acquire()
+    guards[role].release()
+
+
+def _enter_a_closures(guard: Any) -> None:
+    rollout_gate = guard
+
+    def take_the_gate() -> None:
+        with rollout_gate:
+            pass
+
+    take_the_gate()
+
+
+def _enter_a_condition(guard: Any) -> None:
+    model_ready = guard
+    with model_ready:
+        pass
+
+
+def _enter_a_semaphore(guard: Any) -> None:
+    free_slots = guard
+    with free_slots:
+        pass
+
+
+def _hold(guard: Any, release: threading.Event, name: str = "weight-sync") -> threading.Thread:
+    """``guard`` held by a thread named ``name`` inside a ``with`` block until ``release``."""
+    held = threading.Event()
+
+    def sync_weights() -> None:
+        with guard:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=sync_weights, name=name, daemon=True)
+    holder.start()
+    assert held.wait(30)
+    return holder
+
+
+def _at(function: Callable[..., object], text: str, name: str | None = None) -> str:
+    """``name (test_verdict.py:N): text``, N the line of ``text`` in ``function``'s source."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(function)
+    line = first + next(i for i, source in enumerate(lines) if text in source)
+    return f"{name or function.__name__} (test_verdict.py:{line}): {text}"
+
+
+def _multiprocessing_lock() -> Any:
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn").Lock()
+
+
+def _stall_on(log_dir: Path, block: Callable[[], object], then: Callable[[], object]) -> dict:
+    """The verdict of a run whose training thread runs ``block()`` inside a ``generation`` timer;
+    ``then()`` once the stall is reported."""
+    logger = Logger({"log_dir": str(log_dir), "stalls": {"after": 1, "factor": 2}})
+    try:
+        logger.log_metrics({"loss": 1.0}, step=0)
+        _once_reported(log_dir, then)
+        with logger.timer("generation"):
+            block()
+        logger.log_metrics({"loss": 1.0}, step=1)
+    finally:
+        logger.finish()
+    return json.loads(_reports(log_dir)[0].read_text())["verdict"]
+
+
+@pytest.mark.parametrize(("make", "enter", "line", "noun"), [
+    (threading.Lock, _enter_the_modules_guard, "with weights_guard:", "a lock"),
+    (threading.Lock, _enter_an_attribute, "with store.guard:", "a lock"),
+    (threading.Lock, _acquire_an_item, "guards[role].acquire()", "a lock"),
+    (threading.RLock, _enter_a_closures, "with rollout_gate:", "a lock"),
+    (threading.Condition, _enter_a_condition, "with model_ready:", "a lock"),
+    (lambda: threading.BoundedSemaphore(1), _enter_a_semaphore, "with free_slots:",
+     "a semaphore"),
+    (_multiprocessing_lock, _enter_the_modules_guard, "with weights_guard:", "a lock"),
+], ids=["module-lock", "attribute-lock", "item-acquire", "closure-rlock", "condition",
+        "bounded-semaphore", "multiprocessing-lock"])  # fmt: skip
+def test_a_lock_held_by_another_thread_is_told_as_a_lock_with_its_holder(
+    tmp_path, monkeypatch, make, enter, line, noun
+):
+    """The training thread blocks inside a timer on a lock whose name says nothing of a lock
+    (a module's, an object's attribute, a dict's item, a closure's; a ``Lock``, an ``RLock``,
+    a ``Condition``, a ``BoundedSemaphore``, a ``multiprocessing`` lock), held by a thread named
+    ``weight-sync`` in a ``with`` block: the verdict says it waits on a lock, and names that
+    thread, where it took the lock and what it waits on in turn."""
+    guard = make()
+    monkeypatch.setattr(sys.modules[__name__], "weights_guard", guard)
+    release = threading.Event()
+    holder = _hold(guard, release)
+    verdict = _stall_on(tmp_path / "logs", lambda: enter(guard), release.set)
+    holder.join(30)
+
+    text = verdict["text"]
+    where = _at(enter, line, "take_the_gate" if enter is _enter_a_closures else None)
+    head = verdict["chain"][0]
+    assert head["waits_on"] == f"{noun} at {where}", text
+    held = verdict["chain"][1]
+    took = _at(_hold, "with guard:", "sync_weights").split(": ", 1)
+    assert held["process"] == "thread 'weight-sync'"
+    assert held["waits_on"] == "Event.wait"
+    assert text.startswith("the training process waits in generation ("), text
+    assert text.endswith(f"on {noun} at {where} → thread 'weight-sync' holds it "
+                         f"({took[1]} at {took[0]}) and waits on Event.wait"), text
+    assert verdict["missing"] == []
+
+
+def test_a_lock_reached_through_a_property_is_never_evaluated(tmp_path):
+    """Reading the lock would run the program's code (a property, which might block or change
+    state): the verdict does not run it, and names the line the thread is at instead."""
+    guard = threading.Lock()
+    release = threading.Event()
+    holder = _hold(guard, release)
+
+    class Weights:
+        reads = 0
+
+        @property
+        def guard(self) -> threading.Lock:
+            Weights.reads += 1
+            return guard
+
+    store = Weights()
+
+    def enter() -> None:
+        with store.guard:
+            pass
+
+    verdict = _stall_on(tmp_path / "logs", enter, release.set)
+    holder.join(30)
+    assert Weights.reads == 1  # the training thread's own read, none by the verdict
+    (head,) = verdict["chain"]
+    assert head["waits_on"] == _at(enter, "with store.guard:"), verdict["text"]
+    assert verdict["text"].startswith("the training process is in generation ("), verdict["text"]
+    assert verdict["missing"] == [
+        "whether store.guard is a lock (the verdict does not run the program's code to read it)"
+    ]
+
+def test_a_lock_taken_with_acquire_by_another_thread_is_a_lock_whose_holder_is_not_known(
+    tmp_path, monkeypatch
+):
+    """A ``threading.Lock`` records no owner: taken with ``acquire()`` (no ``with`` block to
+    find it by), the verdict still says the thread waits on a lock, and says why the holder is
+    not named."""
+    guard = threading.Lock()
+    monkeypatch.setattr(sys.modules[__name__], "weights_guard", guard)
+    release = threading.Event()
+
+    def push_weights() -> None:
+        guard.acquire()
+        release.wait()
+        guard.release()
+
+    holder = threading.Thread(target=push_weights, name="weight-sync", daemon=True)
+    holder.start()
+    wait_for(guard.locked, 30, "the lock taken")
+    verdict = _stall_on(tmp_path / "logs", lambda: _enter_the_modules_guard(guard), release.set)
+    holder.join(30)
+    (head,) = verdict["chain"]
+    assert head["waits_on"] == f"a lock at {_at(_enter_the_modules_guard, 'with weights_guard:')}"
+    assert "weights_guard is a threading.Lock" in head["evidence"], head["evidence"]
+    assert verdict["missing"] == [_NO_OWNER]
+
+
+def test_an_rlock_taken_with_acquire_is_told_with_its_owner(tmp_path):
+    """An ``RLock`` records its owner: the thread that took it with ``acquire()`` is named."""
+    gate = threading.RLock()
+    release = threading.Event()
+
+    taken = threading.Event()
+
+    def load_checkpoint() -> None:
+        gate.acquire()
+        taken.set()
+        release.wait()
+        gate.release()
+
+    holder = threading.Thread(target=load_checkpoint, name="checkpointer", daemon=True)
+    holder.start()
+    assert taken.wait(30)
+
+    def enter() -> None:
+        with gate:
+            pass
+
+    verdict = _stall_on(tmp_path / "logs", enter, release.set)
+    holder.join(30)
+    head, held = verdict["chain"]
+    assert head["waits_on"] == f"a lock at {_at(enter, 'with gate:')}"
+    assert held["process"] == "thread 'checkpointer'"
+    assert verdict["text"].endswith(
+        "→ thread 'checkpointer' holds it (the lock's owner) and waits on Event.wait"
+    ), verdict["text"]
+
+
+def test_a_thread_waiting_on_the_condition_has_let_go_of_its_lock_and_is_not_named(tmp_path):
+    """A thread inside ``with ready:`` that waits in ``ready.wait()`` has let go of the lock (a
+    plain ``Lock``, which records no owner): only the thread that holds it is named."""
+    ready = threading.Condition(threading.Lock())
+    waiting = threading.Event()
+
+    def wait_for_weights() -> None:
+        with ready:
+            waiting.set()
+            ready.wait(60)
+
+    waiter = threading.Thread(target=wait_for_weights, name="rollout-waiter", daemon=True)
+    waiter.start()
+    assert waiting.wait(30)
+    release = threading.Event()
+    holder = _hold(ready, release)
+
+    def enter() -> None:
+        with ready:
+            ready.notify_all()
+
+    verdict = _stall_on(tmp_path / "logs", enter, release.set)
+    holder.join(30)
+    waiter.join(30)
+    head, held = verdict["chain"]
+    assert head["waits_on"] == f"a lock at {_at(enter, 'with ready:')}", verdict["text"]
+    assert held["process"] == "thread 'weight-sync'", verdict["text"]
+    assert verdict["text"].endswith("and waits on Event.wait"), verdict["text"]
+
+def test_a_semaphore_held_by_several_threads_names_them_all(tmp_path):
+    """Both slots of a ``BoundedSemaphore(2)`` taken in ``with`` blocks by two threads: the
+    verdict names both, and follows neither."""
+    free_slots = threading.BoundedSemaphore(2)
+    release = threading.Event()
+    holders = [_hold(free_slots, release, name=f"weight-sync-{i}") for i in range(2)]
+    verdict = _stall_on(tmp_path / "logs", lambda: _enter_a_semaphore(free_slots), release.set)
+    for holder in holders:
+        holder.join(30)
+    head, held = verdict["chain"]
+    assert head["waits_on"] == f"a semaphore at {_at(_enter_a_semaphore, 'with free_slots:')}"
+    assert sorted(held["process"].split(", ")) == ["thread 'weight-sync-0'",
+                                                   "thread 'weight-sync-1'"]  # fmt: skip
+    took = _at(_hold, "with guard:", "sync_weights").split(": ", 1)
+    said = f"{held['process']} hold it ({took[1]} at {took[0]}; {took[1]} at {took[0]})"
+    assert verdict["text"].endswith(f" → {said}"), verdict["text"]
+
+def test_an_rlock_whose_owner_ended_is_told_never_released(tmp_path):
+    """A thread that ended holding an ``RLock`` (taken with ``acquire()``, never released): the
+    verdict says that it is never released."""
+    gate = threading.RLock()
+    log_dir = tmp_path / "logs"
+    logger = Logger({"log_dir": str(log_dir), "stalls": {"after": 1, "factor": 2}})
+    logger.log_metrics({"loss": 1.0}, step=0)
+    # Every other thread of the test starts before the one that ends: a thread started later
+    # may be given the ended thread's id.
+    reported = threading.Event()
+    _once_reported(log_dir, reported.set)
+    crashed = threading.Thread(target=gate.acquire, name="loader", daemon=True)
+    crashed.start()
+    crashed.join(30)
+
+    def wait_for_the_gate() -> None:
+        while not gate.acquire(timeout=0.05):
+            if reported.is_set():  # nothing else ever will
+                return
+
+    with logger.timer("generation"):
+        wait_for_the_gate()
+    logger.log_metrics({"loss": 1.0}, step=1)
+    logger.finish()
+    verdict = json.loads(_reports(log_dir)[0].read_text())["verdict"]
+    head, held = verdict["chain"]
+    assert head["waits_on"] == (
+        f"a lock at {_at(wait_for_the_gate, 'while not gate.acquire(timeout=0.05):')}"
+    ), verdict["text"]
+    assert held["process"] == f"thread {crashed.ident} (ended)"
+    assert verdict["text"].endswith(
+        f"→ thread {crashed.ident} (ended) holds it (the lock's owner): it is never released"
+    ), verdict["text"]
+
+
+def test_a_thread_taking_a_lock_it_holds_is_told_it_waits_on_itself(tmp_path):
+    """A ``Lock`` is not reentrant: the training thread taking again the lock its own ``with``
+    block holds waits forever, and the verdict says so."""
+    guard = threading.Lock()
+
+    def step() -> None:
+        with guard:
+            guard.acquire()  # released for it once reported; the with block's exit releases it
+
+    verdict = _stall_on(tmp_path / "logs", step, guard.release)
+    head, held = verdict["chain"]
+    assert head["waits_on"] == f"a lock at {_at(step, 'guard.acquire()')}", verdict["text"]
+    assert held["process"] == "the training thread"
+    place, took = _at(step, "with guard:").split(": ", 1)
+    assert verdict["text"].endswith(
+        f" → the training thread holds it ({took} at {place}): it waits on itself, a deadlock"
+    ), verdict["text"]
+
+def test_two_threads_each_holding_the_lock_the_other_waits_on_are_told_a_deadlock(tmp_path):
+    """The training thread holds one lock and waits on a second, which a thread named
+    ``weight-sync`` holds while it waits on the first: the chain follows the holders back to the
+    training thread and says it is a deadlock."""
+    policy_guard, sync_guard = threading.Lock(), threading.Lock()
+    holding = threading.Event()
+
+    def sync_weights() -> None:
+        with sync_guard:
+            holding.set()
+            policy_guard.acquire()  # the training thread's lock, released for it once reported
+
+    def step() -> None:
+        with policy_guard:
+            syncer.start()
+            assert holding.wait(30)
+            with sync_guard:
+                pass
+
+    syncer = threading.Thread(target=sync_weights, name="weight-sync", daemon=True)
+    verdict = _stall_on(tmp_path / "logs", step, policy_guard.release)
+    syncer.join(30)
+    head, held, back = verdict["chain"]
+    assert head["waits_on"] == f"a lock at {_at(step, 'with sync_guard:')}", verdict["text"]
+    assert held["process"] == "thread 'weight-sync'"
+    assert held["waits_on"] == f"a lock at {_at(sync_weights, 'policy_guard.acquire()')}"
+    assert back["process"] == "the training thread"
+    place, took = _at(step, "with policy_guard:").split(": ", 1)
+    assert verdict["text"].endswith(
+        f" → the training thread holds that one ({took} at {place}): a deadlock"
+    ), verdict["text"]
 
 
 def test_a_driver_waiting_for_a_subprocess_is_told_with_its_command(tmp_path):
