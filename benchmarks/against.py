@@ -85,7 +85,7 @@ def compare(rev: str, quick: bool = False) -> list[dict[str, Any]]:
                 now = statistics.median(r[measure] for r in runs["now"])
                 row[f"before_{measure}"] = round(before, 2)
                 row[f"now_{measure}"] = round(now, 2)
-                row[f"ratio_{measure}"] = round(now / before, 2) if before else None
+                row[f"ratio_{measure}"] = round(now / before, 3) if before else None
             row["now_p99.9_each_us"] = [round(r["p99.9_us"]) for r in runs["now"]]
             rows.append(row)
     return rows

@@ -93,6 +93,17 @@ def is_file_store(uri: str) -> bool:
     return scheme in ("", "file") or (len(scheme) == 1 and scheme.isalpha())  # C:\ on Windows
 
 
+def _alive(pid: str) -> bool:
+    """Whether the process ``pid`` (as text) still runs; True when that cannot be known."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OSError):
+        return True
+    return True
+
+
 def anchored(uri: str) -> str:
     """``uri`` with a relative local path made absolute here: a store the tracker opens later on
     its own thread (or after the script's ``chdir()``) is where the config meant it."""
@@ -154,6 +165,10 @@ class MlflowExporter(TrackerExporter):
             # rather than from wherever the script is when the tracker opens it.
             artifact_location = Path("mlruns").absolute().as_uri()
         self.artifact_location = None if artifact_location is None else anchored(artifact_location)
+        # The artifact root of a SQLite store this tracker creates (see _create_sqlite_store).
+        self._store_root = (self.local_default and self.artifact_location) or (
+            Path("mlruns").absolute().as_uri()
+        )
         self.experiment_name = experiment_name or env.get("MLFLOW_EXPERIMENT_NAME") or None
         self._experiment_id = None if self.experiment_name else env.get("MLFLOW_EXPERIMENT_ID")
         if not (self.experiment_name or self._experiment_id):
@@ -210,8 +225,7 @@ class MlflowExporter(TrackerExporter):
     def open(self) -> None:
         from mlflow import MlflowClient
 
-        if self.local_default:
-            self._create_local_store()
+        self._create_sqlite_store()
         client = MlflowClient(tracking_uri=self.tracking_uri)
         if self.shown_tracking_uri != self.tracking_uri:
             _print_links_without_password(client, self.shown_tracking_uri)
@@ -317,20 +331,48 @@ class MlflowExporter(TrackerExporter):
 
     # ---- helpers -----------------------------------------------------------------------------
 
-    def _create_local_store(self) -> None:
-        """Create the default SQLite store with its artifact root under ``log_dir``.
+    def _create_sqlite_store(self) -> None:
+        """Create the SQLite store, if it does not exist yet, whole or not at all.
 
-        A new store creates its ``Default`` experiment with the store's artifact root, which
-        for a client-side store is ``./mlruns`` in the current directory; creating the store here
-        first keeps every artifact under ``log_dir``.
+        MLflow builds a new store by running its migrations one after another, each committed
+        on its own: a process killed part-way (a launch killed in its first seconds, a delivery
+        process killed at the run's deadline), or a second process building the same file at
+        the same time, left a half-built store that every later opening refused ("table ...
+        already exists"), replay included. The store is built under a name of its own beside
+        the file and linked into place, which never replaces a store another process put there
+        first. A new store creates its ``Default`` experiment with the store's artifact root:
+        the default store's is the tracker's artifact location (``log_dir``'s unless set), any
+        other's MLflow's ``./mlruns`` as seen from where ``Logger()`` ran (MLflow would take the
+        current directory's).
         """
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-        db_path = Path(self.tracking_uri.removeprefix("sqlite:///"))
+        path = self.tracking_uri.removeprefix("sqlite:///")
+        if path == self.tracking_uri or not path or path.startswith(":memory:") or "?" in path:
+            return  # not a plain SQLite file: MLflow's own way
+        db_path = Path(path)
         if db_path.exists():
             return
         db_path.parent.mkdir(parents=True, exist_ok=True)
-        SqlAlchemyStore(self.tracking_uri, self.artifact_location)  # type: ignore[no-untyped-call]
+        prefix = f".{db_path.name}."
+        for stale in db_path.parent.glob(f"{prefix}*.building*"):  # with SQLite's journal
+            if not _alive(stale.name.removeprefix(prefix).split("-")[0]):  # what a kill left
+                stale.unlink(missing_ok=True)
+        building = db_path.with_name(f"{prefix}{os.getpid()}-{id(self):x}.building")
+        try:
+            store = SqlAlchemyStore(  # type: ignore[no-untyped-call]
+                f"sqlite:///{building.as_posix()}", self._store_root
+            )
+            store.engine.dispose()
+            try:
+                os.link(building, db_path)
+            except FileExistsError:
+                pass  # another process's store, whole: this one is not needed
+            except OSError:  # a file system without hard links
+                if not db_path.exists():
+                    os.replace(building, db_path)
+        finally:
+            building.unlink(missing_ok=True)
 
     def _resolve_experiment(self, client: Any) -> str:
         if self._experiment_id:

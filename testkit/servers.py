@@ -4,7 +4,9 @@
 from the test extra) with a SQLite backend and proxied artifacts in a temp directory. It takes
 ~7 s and ~500 MiB to start, so every MLflow test of the session shares it; tests keep apart by
 creating their own experiments. Use it in a test module with
-``mlflow_server = servers.mlflow_server``.
+``mlflow_server = servers.mlflow_server``. Under ``pytest -n`` each worker is a session of its own,
+with a server of its own (its port, its store under the worker's temp directory): no two
+processes ever create or migrate the same store.
 """
 
 from __future__ import annotations
@@ -44,10 +46,24 @@ def start_mlflow_server(
     workdir: Path, timeout: float = 90.0, port: int | None = None
 ) -> MlflowServer:
     """Start ``mlflow server`` (on a free port unless given; its store in ``workdir``) and wait
-    until ``/health`` answers."""
+    until ``/health`` answers. A port found free can be taken by another process in the seconds
+    the server takes to bind it (tests run in parallel): then it starts again on another."""
+    for attempt in range(3 if port is None else 1):
+        try:
+            return _start_mlflow_server(workdir, timeout, port or free_port())
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+def _start_mlflow_server(workdir: Path, timeout: float, port: int) -> MlflowServer:
     pytest.importorskip("mlflow.server", reason="the MLflow server needs the full mlflow package")
     workdir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
     env = {
         **os.environ,
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # no job runner: starts in ~7 s
@@ -75,7 +91,9 @@ def start_mlflow_server(
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"mlflow server exited: {server.log_text()[-3000:]}")
+            text = server.log_text()
+            error = _PortTaken if "address already in use" in text.lower() else RuntimeError
+            raise error(f"mlflow server exited: {text[-3000:]}")
         try:
             with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
                 if response.status == 200:

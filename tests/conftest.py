@@ -20,6 +20,20 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``-n`` the tests marked ``long`` start first, then the other slow ones: pytest-xdist
+    hands tests to its workers in this order, and a worker that drew a test of several minutes
+    near the end would run it alone while the others wait. A plain run keeps the files' order
+    (each module's fixtures set up once)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+
+    def start(item: pytest.Item) -> int:
+        return 0 if item.get_closest_marker("long") else 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=start)  # stable: the files' order within each class
+
+
 @pytest.fixture(autouse=True)
 def _clearml_leaves_no_process_state():
     """ClearML marks the process in its environment (``CLEARML_OFFLINE_MODE``, and

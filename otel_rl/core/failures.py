@@ -143,14 +143,14 @@ def retry_after_of(exc: BaseException) -> float | None:
     """How long the server asked to wait before the next request, in seconds; None when it did
     not say (or said nothing readable).
 
-    Read from the error's own ``retry_after`` (seconds: a tracker may raise an error that
-    carries it), else from a ``Retry-After`` header, in seconds or as an HTTP date, of the
-    error's ``headers`` (urllib's ``HTTPError``, aiohttp) or its ``response.headers``
+    Read from the error's own ``retry_after`` (seconds, or a header's text: a tracker may raise
+    an error that carries it), else from a ``Retry-After`` header, in seconds or as an HTTP
+    date, of the error's ``headers`` (urllib's ``HTTPError``, aiohttp) or its ``response.headers``
     (requests, httpx). A date already past means at once. MLflow's client honours
     ``Retry-After`` in its own retries and raises without the headers."""
     own = getattr(exc, "retry_after", None)
-    if isinstance(own, (int, float)) and not isinstance(own, bool):
-        return float(own) if math.isfinite(own) and own >= 0 else None
+    if isinstance(own, (int, float, str)) and not isinstance(own, bool):
+        return _delay(str(own))  # as a header's text: an int past the float range is no error
     for headers in (getattr(exc, "headers", None),
                     getattr(getattr(exc, "response", None), "headers", None)):  # fmt: skip
         value = _header(headers, "retry-after")

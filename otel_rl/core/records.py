@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import operator
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -546,6 +547,23 @@ def exact_sum(values: Sequence[float]) -> float:
             k *= 2.0
 
 
+#: The most bins a histogram may have: more is no picture any tracker draws (W&B keeps 512),
+#: and ``bins=10**9`` would hold the training thread for seconds and gigabytes.
+MAX_BINS = 10_000
+
+
+def checked_bins(bins: Any) -> int:
+    """``bins`` as an int from 1 to :data:`MAX_BINS` (numpy integers too); ``ValueError``
+    for anything else."""
+    try:
+        count = operator.index(bins) if not isinstance(bins, bool) else 0
+    except TypeError:
+        count = 0
+    if not 1 <= count <= MAX_BINS:
+        raise ValueError(f"bins must be an integer from 1 to {MAX_BINS}, not {bins!r}")
+    return count
+
+
 def histogram_layout(lo: float, hi: float, bins: int) -> tuple[float, float, tuple[float, ...]]:
     """``(scale, width, bounds)`` of ``bins`` equal-width bins from ``lo`` to ``hi``: the value
     ``x`` falls in bin ``min(int((x * scale - lo * scale) / width), bins - 1)``. One rule for
@@ -556,8 +574,7 @@ def histogram_layout(lo: float, hi: float, bins: int) -> tuple[float, float, tup
     differences: ``[0.0, 5e-324]``), are binned as one value is, every one in the first bin of
     bins 1 wide. A range beyond the largest float (``[-1e308, 1e308]``) is measured in halves.
     """
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins must be a positive integer, not {bins!r}")
+    bins = checked_bins(bins)
     scale = 0.5 if math.isinf(hi - lo) else 1.0
     width = (hi * scale - lo * scale) / bins if hi > lo else 0.0
     if width == 0.0:

@@ -23,6 +23,7 @@ from otel_rl.core.errors import MetricError
 from otel_rl.core.records import (
     CountedHistogram,
     HistogramValue,
+    checked_bins,
     exact_sum,
     histogram_layout,
     histogram_of,
@@ -182,6 +183,18 @@ def _array_list(value: Any) -> list[Any]:
     return values
 
 
+def _real_array(np: Any, value: Any) -> Any:
+    """``value`` as a numpy array of real numbers (a torch tensor off autograd and its device,
+    as float64), or ``None`` for anything else (numpy cannot read it, or it holds no numbers)."""
+    try:
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().double().numpy()
+        array = np.asarray(value)
+    except Exception:
+        return None
+    return array if array.dtype.kind in "biuf" else None
+
+
 def _summarize_array_into(out: dict[str, Any], key: str, value: Any) -> int | None:
     """:func:`summarize` of a large numeric array with numpy; ``None`` (the exact path decides)
     for anything else: no numpy loaded, values that are not real numbers, an infinity, or sums
@@ -189,15 +202,10 @@ def _summarize_array_into(out: dict[str, Any], key: str, value: Any) -> int | No
     np = sys.modules.get("numpy")  # a numpy array or torch tensor in hand: numpy is loaded
     if np is None:
         return None
-    try:
-        if hasattr(value, "detach"):  # torch: off autograd and the device, as float64
-            value = value.detach().cpu().double().numpy()
-        array = np.asarray(value)
-        if array.dtype.kind not in "biuf":
-            return None
-        flat = array.astype(np.float64, copy=False).reshape(-1)
-    except Exception:
+    array = _real_array(np, value)
+    if array is None:
         return None
+    flat = array.astype(np.float64, copy=False).reshape(-1)
     missing = np.isnan(flat)
     nans = int(missing.sum())
     clean = flat[~missing] if nans else flat
@@ -237,8 +245,11 @@ def histogram_of_values(values: Any, bins: int = 30) -> CountedHistogram | None:
     numpy when it is loaded (a 1M-element array in milliseconds, not half a second of Python on
     the training thread): the same bounds, counts, count, min, max, ``nan_count`` and
     ``inf_count`` as the exact path, the sum to within float rounding (numpy's pairwise sum).
-    A value that is not a number raises ``TypeError`` or ``ValueError``, as ``float()`` does.
+    A value that is not a number raises ``TypeError`` or ``ValueError``, as ``float()`` does,
+    and so do ``bins`` outside 1 to :data:`~otel_rl.core.records.MAX_BINS` (before any value is
+    read).
     """
+    bins = checked_bins(bins)
     size = _array_size(values)
     is_array = size is not None
     if size is None and isinstance(values, (list, tuple)):
@@ -257,17 +268,12 @@ def _histogram_of_array(value: Any, bins: int, is_array: bool) -> CountedHistogr
     np = sys.modules.get("numpy")  # imported by whoever made the array; never imported here
     if np is None:
         return None
-    try:
-        if hasattr(value, "detach"):  # torch: off autograd and the device, as float64
-            value = value.detach().cpu().double().numpy()
-        array = np.asarray(value)
-        # A list must be one of numbers, as float() of each element would take it; an array is
-        # flattened.
-        if array.dtype.kind not in "biuf" or (not is_array and array.ndim != 1):
-            return None
-        flat = array.astype(np.float64, copy=False).reshape(-1)
-    except Exception:
+    array = _real_array(np, value)
+    # A list must be one of numbers, as float() of each element would take it; an array is
+    # flattened.
+    if array is None or (not is_array and array.ndim != 1):
         return None
+    flat = array.astype(np.float64, copy=False).reshape(-1)
     good = np.isfinite(flat)
     finite = flat if good.all() else flat[good]
     nans = int(np.isnan(flat).sum()) if len(finite) < len(flat) else 0

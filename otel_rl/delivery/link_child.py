@@ -164,20 +164,20 @@ class DeliveryChild:
         state, status = self._state, self._status
         code = self.process.wait() if self.process is not None else None
         with state.cond:
-            was_ended = state.ended
             state.dead = True
-            # Records sent from now on wait for _orphan() to have written the leftover file.
-            state.orphaning = (
+            # An exit before the run's end (a start refused is none): what it had not spooled
+            # goes to the leftover file. Records sent from now on wait for _orphan() to have
+            # written it; after a normal end there is none to wait for (they are counted lost).
+            early = (
                 status.started.is_set() and not state.killed and status.start_error is None
-            )
+                and (not state.ended or not status.finished.is_set())
+            )  # fmt: skip
+            state.orphaning = early
             state.cond.notify_all()
         if not status.started.is_set():
             status.start_error = status.start_error or say.exited_before_starting(code)
             status.started.set()
-        elif (
-            not state.killed and status.start_error is None  # a start refused is no early exit
-            and (not was_ended or not status.finished.is_set())
-        ):  # fmt: skip
+        elif early:
             kept = self._orphan()
             self._left_in_spools()
             unspooled = 0 if kept else sum(self._unspooled(name) for name in state.names)

@@ -771,15 +771,8 @@ def last_seq(directory: Path, acks: Acks | None = None) -> int:
 
 
 def _last_seq_in(path: Path) -> int:
-    with path.open("rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - _TAIL_SCAN))
-        lines = f.read().split(b"\n")[:-1]  # what follows the last newline is no whole line
-    for raw in reversed(lines[1:] if size > _TAIL_SCAN else lines):
-        try:
-            return decode_record(raw.decode("utf-8"))[0]
-        except (CorruptRecord, UnicodeDecodeError):
-            continue
+    for seq, _ in _tail_records(path):
+        return seq
     # A damaged tail (or records larger than the scan): the whole segment, as replay reads it.
     return max((seq for seq, _, _ in read_segment(path)), default=0)
 

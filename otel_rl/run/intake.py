@@ -18,7 +18,7 @@ from otel_rl.core.catalogue import ANATOMY, Metric
 from otel_rl.core.errors import MetricError
 from otel_rl.core.keys import KeyCollisionError
 from otel_rl.core.paths import safe_relative
-from otel_rl.core.records import OWN_SCOPE
+from otel_rl.core.records import OWN_SCOPE, StepBatch
 from otel_rl.core.values import flatten_into
 from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.run.anatomy import StepAnatomy
@@ -40,6 +40,7 @@ class Intake:
         anatomy: bool = True,
     ) -> None:
         self._steps = run.steps
+        self._fanout = run.fanout
         self._strict = strict
         self._report = report
         self._stats = run.stats
@@ -76,6 +77,7 @@ class Intake:
         steps = self._steps
         if steps.closed:
             self._report("<log_metrics>", "called after finish(); values ignored")
+            self._lost_after_finish(metrics, step)
             return
         if type(metrics) is not dict and not isinstance(metrics, Mapping):  # (an ABC check)
             raise MetricError(metrics, f"metrics must be a mapping, got {type(metrics).__name__}")
@@ -88,6 +90,14 @@ class Intake:
             )
         self._stats["nonfinite"] += flatten_into(fresh, metrics, prefix, self._report)
         steps.log(step, fresh, prefix, step_metric, step_finished, self._strict)
+
+    def _lost_after_finish(self, metrics: Any, step: Any) -> None:
+        """Values logged after ``finish()`` reach no tracker: each tracker's delivery counts
+        them (``after_shutdown``), as it counts any record it is sent after its shutdown."""
+        values: dict[str, Any] = {}
+        if isinstance(metrics, Mapping):
+            flatten_into(values, metrics, "", lambda key, reason: None)
+        self._fanout.send(StepBatch(step=step if type(step) is int else 0, values=values))
 
     def _admit(self, step: int, fresh: dict[str, Any]) -> None:
         """A call's values before they join the pending step (under the step lock): the stall

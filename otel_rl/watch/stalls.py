@@ -496,6 +496,27 @@ def thread_names() -> dict[int, str]:
     return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
 
 
+def ray_state_address() -> str | None:
+    """Where Ray's state API is to ask about the cluster this process is connected to: that
+    cluster's dashboard. Left to itself the API looks for any cluster on this machine and refuses
+    when it finds two (another job's, a second ``ray.init()`` beside this one), and a cluster
+    started without its dashboard still records the default port, where another cluster's
+    dashboard would answer about tasks it never ran. Raises ``LookupError`` when this cluster
+    runs no dashboard; ``None`` where Ray cannot say (the API's own lookup then)."""
+    ray = sys.modules.get("ray")
+    try:
+        if ray is None or not ray.is_initialized():
+            return None
+        from ray._private.worker import get_dashboard_url
+
+        url = str(get_dashboard_url() or "")  # type: ignore[no-untyped-call]
+    except Exception:
+        return None
+    if not url:
+        raise LookupError("no dashboard runs in this Ray cluster")
+    return url if "://" in url else f"http://{url}"
+
+
 def ray_stacks(timeout: float) -> dict[str, Any]:
     """The stacks of this job's live Ray actors (``py-spy dump`` of each actor's process on this
     node; through the dashboard elsewhere), or why they cannot be had."""
@@ -511,6 +532,7 @@ def ray_stacks(timeout: float) -> dict[str, Any]:
 
         job = ray.get_runtime_context().get_job_id()
         actors = list_actors(
+            address=ray_state_address(),
             filters=[("job_id", "=", job), ("state", "=", "ALIVE")],
             timeout=max(1, int(timeout)),
             raise_on_missing_output=False,

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from otel_rl.watch import locks
 from otel_rl.watch.locks import where as _where
-from otel_rl.watch.stalls import chain_lines, p95, seconds
+from otel_rl.watch.stalls import chain_lines, p95, ray_state_address, seconds
 
 __all__ = ["Link", "Verdict", "build_verdict", "chain_lines", "training_thread"]
 
@@ -436,7 +436,7 @@ def _ray_links(
         from ray.util.state import get_task
 
         left = max(1, int(deadline - time.monotonic()))
-        task: Any = get_task(task_id, timeout=left)
+        task: Any = get_task(task_id, address=ray_state_address(), timeout=left)
     except Exception as exc:
         said = str(exc).strip().split(". ")[0]  # Ray's messages run on with install advice
         if "dashboard" in str(exc).lower():
@@ -520,6 +520,7 @@ def _running_on_actor(actor_id: str, deadline: float) -> list[str]:
         from ray.util.state import list_tasks
 
         tasks = list_tasks(
+            address=ray_state_address(),
             filters=[("actor_id", "=", actor_id), ("state", "=", "RUNNING")],
             timeout=max(1, int(deadline - time.monotonic())), raise_on_missing_output=False,
         )  # fmt: skip

@@ -136,13 +136,13 @@ def test_step_takes_one_step_apart_and_json_says_the_same(log_dir):
 
 
 class _SlowestHolds:
-    """Rank 2 is inside its innermost block before the other ranks start, and leaves each block
-    only once they have left theirs of the same name: each of its blocks holds theirs, so it is
-    the slowest at both timings however the machine schedules the threads (sleeps alone are not
-    enough: a loaded machine stretches any of them)."""
+    """Rank ``slowest`` is inside its innermost block before the other ranks start, and leaves
+    each block only once they have left theirs of the same name: each of its blocks holds
+    theirs, so it is the slowest at both timings however the machine schedules the threads
+    (sleeps alone are not enough: a loaded machine stretches any of them)."""
 
-    def __init__(self, others: int) -> None:
-        self.others = others
+    def __init__(self, others: int, slowest: int = 2) -> None:
+        self.others, self.slowest = others, slowest
         self.innermost = threading.Event()
         self.out = {name: threading.Semaphore(0) for name in ("generation", "detokenize")}
 
@@ -157,8 +157,9 @@ class _SlowestHolds:
 
 
 def _rollout_worker(rank: int, step: int, seconds: float, out: list, order: _SlowestHolds) -> None:
+    """One rollout worker's step; ``order.slowest`` is the slowest rank whatever the load."""
     worker = WorkerMetrics(rank=rank, role="rollout")
-    slowest = rank == 2
+    slowest = rank == order.slowest
     if not slowest:
         assert order.innermost.wait(60)
     with order.block(worker, "generation", slowest):
@@ -490,12 +491,14 @@ def test_rows_read_by_their_layout_and_rows_decoded_as_json_give_one_answer(log_
     with Logger(cfg) as logger:
         for step in range(5):
             snapshots: list = []
+            order = _SlowestHolds(others=1, slowest=1)  # rank 1: a straggler, an event
             with logger.timer("générer"):
                 time.sleep(0.2 if step == 3 else 0.02)
                 workers = [
-                    threading.Thread(target=_rollout_worker, args=(rank, step, s, snapshots))
+                    threading.Thread(target=_rollout_worker,
+                                     args=(rank, step, s, snapshots, order))
                     for rank, s in enumerate((0.01, 0.03))
-                ]
+                ]  # fmt: skip
                 for thread in workers:
                     thread.start()
                 for thread in workers:

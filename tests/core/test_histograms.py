@@ -92,8 +92,12 @@ def test_only_nan_and_inf_give_an_empty_histogram_and_their_counts(log_dir):
     [
         ([1.0, None], 30, "TypeError"),
         ([1.0, "loss"], 30, "ValueError"),
-        ([1.0, 2.0], 0, "bins must be a positive integer, not 0"),
-        ([1.0, 2.0], 2.5, "bins must be a positive integer, not 2.5"),
+        ([1.0, 2.0], 0, "bins must be an integer from 1 to 10000, not 0"),
+        ([1.0, 2.0], 2.5, "bins must be an integer from 1 to 10000, not 2.5"),
+        ([1.0, 2.0], True, "bins must be an integer from 1 to 10000, not True"),
+        # checked before the values are read: 10**9 bins would take seconds and gigabytes
+        ([1.0, 2.0], 10**9, "bins must be an integer from 1 to 10000, not 1000000000"),
+        (list(range(100_000)), 10_001, "not 10001"),
     ],
 )
 def test_a_histogram_that_cannot_be_made_is_skipped_alone_with_a_warning(
@@ -105,6 +109,15 @@ def test_a_histogram_that_cannot_be_made_is_skipped_alone_with_a_warning(
     assert step_rows(log_dir, 0) == {"loss": 0.5}
     (message,) = [r.getMessage() for r in otel_rl_warnings.records if "'h'" in r.getMessage()]
     assert "histogram skipped" in message and reason in message
+
+
+def test_bins_may_be_any_integer_type_up_to_the_most(log_dir):
+    np = pytest.importorskip("numpy")
+    with make_logger(log_dir) as logger:
+        logger.log_histogram([0.0, 1.0, 2.0, 3.0], step=0, name="h", bins=np.int64(2))
+        logger.log_histogram([0.0, 1.0], step=1, name="h", bins=10_000)
+    assert step_rows(log_dir, 0)["h"]["counts"] == [2, 2]
+    assert len(step_rows(log_dir, 1)["h"]["counts"]) == 10_000
 
 
 def assert_same_histogram(fast: CountedHistogram, exact: CountedHistogram) -> None:

@@ -41,3 +41,20 @@ def test_records_sent_after_the_shutdown_are_counted_lost_and_said_once(
     assert len(said) == 1, said
     assert "after shutdown" in said[0] and "after_shutdown" in said[0]
     assert [r["step"] for r in jsonl_rows(tmp_path / "metrics.jsonl")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_values_logged_after_finish_are_counted_lost_in_every_tracker(tmp_path, delivery):
+    """``log_metrics`` and ``log_histogram`` after ``finish()`` never raise and reach no
+    tracker: each tracker counts one loss (``after_shutdown``) per call, as for any record it
+    is sent after its shutdown."""
+    logger = Logger({"log_dir": str(tmp_path), "jsonl_enabled": True,
+                     "export": {"delivery": delivery}})  # fmt: skip
+    logger.log_metrics({"x": 0.0}, step=0)
+    logger.finish()
+    logger.log_metrics({"x": 1.0}, step=1)
+    logger.log_metrics({"x": 2.0})
+    logger.log_histogram([1.0, 2.0], step=3, name="h")
+    (jsonl,) = logger.exporters
+    assert jsonl.lost == {"after_shutdown": 3}
+    assert [r["step"] for r in jsonl_rows(tmp_path / "metrics.jsonl")] == [0]

@@ -11,7 +11,9 @@ once to every tracker, in step order; no step is ever delivered twice.
 
 Environment:
 - ``OTEL_RL_FAULT_SEED``: the base seed (default 12); iteration ``i`` uses ``"<seed>:<i>"``.
-- ``OTEL_RL_FAULT_ITERATIONS``: iterations of the slow tier (default 200, about 15 minutes).
+- ``OTEL_RL_FAULT_ITERATIONS``: iterations of both tiers together (default 200, about 15
+  minutes): the first tier runs the first ``DEFAULT_ITERATIONS``, the slow tier the rest, in
+  ``SLOW_PARTS`` tests that a parallel run spreads over its workers.
 - ``OTEL_RL_FAULT_MLFLOW_EVERY``: the slow tier adds MLflow to one iteration in N (default 8).
 - ``OTEL_RL_FAULT_ITERATION``: run only this iteration (to reproduce a failure).
 - ``OTEL_RL_FAULT_GRACE``: scheduling slack in seconds added to ``fsync_interval`` (default 0.3).
@@ -44,10 +46,10 @@ ONLY = os.environ.get("OTEL_RL_FAULT_ITERATION")
 GRACE = float(os.environ.get("OTEL_RL_FAULT_GRACE", DEFAULT_GRACE))
 
 
-def _run(tmp_path: Path, harness: Harness, iterations: int, record_property) -> None:
+def _run(tmp_path: Path, harness: Harness, iterations: range, record_property) -> None:
     mlflow = harness.mlflow
     summary = RunSummary(SEED)
-    indices = [int(ONLY)] if ONLY is not None else range(iterations)
+    indices = [int(ONLY)] if ONLY is not None else iterations
     try:
         for index in indices:
             with_mlflow = mlflow is not None and index % MLFLOW_EVERY == 0
@@ -102,22 +104,37 @@ def test_checker_finds_missing_duplicate_out_of_order_and_wrong_rows():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_killed_training_and_replay_deliver_each_step_exactly_once(tmp_path, record_property):
     """A few dozen kills (JSONL, TensorBoard, the test tracker slow/down); about a minute."""
-    _run(tmp_path, Harness(tmp_path / "runs", grace=GRACE), DEFAULT_ITERATIONS, record_property)
+    iterations = range(DEFAULT_ITERATIONS)
+    _run(tmp_path, Harness(tmp_path / "runs", grace=GRACE), iterations, record_property)
+
+
+#: The slow tier's iterations run in this many tests (each with its own MLflow server), so that
+#: a parallel run spreads them over its workers; together they are the same iterations.
+SLOW_PARTS = 4
 
 
 @pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.parametrize("part", range(SLOW_PARTS))
 def test_killed_training_and_replay_deliver_each_step_exactly_once_with_mlflow(
-    tmp_path, record_property
+    tmp_path, record_property, part
 ):
     """The slow tier: more kills, and a real MLflow server that is sometimes stopped mid-run
     and restarted before the replay."""
     from testkit.servers import start_mlflow_server, stop_mlflow_server
 
+    if ONLY is not None and part:
+        pytest.skip("OTEL_RL_FAULT_ITERATION runs its one iteration in part 0")
+    # After the first tier's iterations: their plans (MLflow aside) are the same, run once.
+    first = DEFAULT_ITERATIONS
+    size = -(-(SLOW_ITERATIONS - first) // SLOW_PARTS)
+    iterations = range(first + part * size, min(SLOW_ITERATIONS, first + (part + 1) * size))
     server = start_mlflow_server(tmp_path / "mlflow")
     harness = Harness(tmp_path / "runs", grace=GRACE, mlflow=server)
     try:
-        _run(tmp_path, harness, SLOW_ITERATIONS, record_property)
+        _run(tmp_path, harness, iterations, record_property)
     finally:
         stop_mlflow_server(harness.mlflow)  # the server of the last restart

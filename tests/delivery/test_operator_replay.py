@@ -71,9 +71,14 @@ def _replay_cli(log_dir: Path, *args: str, cwd: Path | None = None, **kw):
 
 @pytest.fixture(scope="module")
 def down_run(tmp_path_factory) -> Path:
-    """One run with both trackers down, copied by each test that damages it."""
+    """One run with both trackers down, copied by each test that damages it. Its spool holds each
+    step once, sealed: no provisional copy of a step still being logged, which the checkpoint
+    thread writes every half ``fsync_interval`` while a step is pending (a loaded machine could
+    stretch the loop over one) and which replay rightly delivers when the sealed line is
+    damaged, so the steps a damage costs are those of the lines it touches."""
     log_dir = tmp_path_factory.mktemp("template") / "logs"
-    _run_with_trackers_down(log_dir)
+    _run_with_trackers_down(log_dir, export={"shutdown_timeout": 5, "fsync_interval": 3600})
+    assert not any(record.get("provisional") for _, _, record in _lines(_wal(log_dir)))
     return log_dir
 
 

@@ -140,6 +140,7 @@ def test_a_loop_flat_out_then_finish_far_behind_loses_nothing(tmp_path, delivery
 
 @pytest.mark.slow
 @pytest.mark.parametrize("delivery", ["thread", "process"])
+@pytest.mark.long
 def test_ten_seconds_flat_out_then_finish_loses_nothing(tmp_path, delivery):
     """The overload of docs/reliability.md: ten seconds flat out (hundreds of thousands of
     steps in ``process`` mode), a deadline far behind, then replay: every step once."""
@@ -180,6 +181,7 @@ def _returned(tmp_path: Path, before: float) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("delivery", ["thread", "process"])
 @pytest.mark.parametrize("draw", range(3))
+@pytest.mark.long
 def test_a_sigkill_at_a_random_moment_of_a_loop_flat_out_loses_nothing_handed_over(
     tmp_path, delivery, draw
 ):

@@ -39,6 +39,7 @@ def _run_loop(logger: Logger, steps: range, pause: float, on_step=None) -> list[
     return latencies
 
 
+@pytest.mark.long
 def test_mlflow_server_killed_for_10s_then_restarted(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -137,6 +138,7 @@ def slow_tracker_path(tmp_path):
     return site
 
 
+@pytest.mark.serial  # the whole process's exit within seconds of SIGTERM
 def test_sigterm_with_a_slow_tracker_exits_in_time_and_replay_completes(
     tmp_path, slow_tracker_path
 ):
@@ -198,6 +200,7 @@ def _spooled_mlflow_run_id(log_dir) -> str | None:
     return None
 
 
+@pytest.mark.long
 def test_sigkilled_run_is_completed_by_replay_in_tensorboard_and_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
 

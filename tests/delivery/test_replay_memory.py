@@ -452,6 +452,7 @@ def test_a_seqset_holds_numbers_as_ranges():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_replay_killed_part_way_through_a_merge_converges_to_exactly_once(tmp_path):
     """Runs merged with records sorted on disk, the replay SIGKILLed while it writes, then run
     again (with the same thresholds): every step once, in step order."""
@@ -506,6 +507,7 @@ def _steps_once_in_order(path: Path, count: int) -> None:
         reason="7 minutes: set OTEL_RL_REPLAY_MEMORY_FULL=1 (benchmarks/replay_drain.py "
                "measures it too)")),
 ])  # fmt: skip
+@pytest.mark.long
 def test_replay_memory_does_not_grow_with_the_backlog(tmp_path, records):
     """A backlog of 20-key step records for JSONL and TensorBoard: the replay process peaks
     far below what holding it would take (3.9 KB a record: 1.9 GB at 500,000), and each step
@@ -522,6 +524,7 @@ def test_replay_memory_does_not_grow_with_the_backlog(tmp_path, records):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_backlog_in_the_worst_order_stays_bounded_too(tmp_path):
     """The last step written first: every record past the first runs is sorted on disk (300,000
     entries, five chunks) and read back from its place in the spool."""

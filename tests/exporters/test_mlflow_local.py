@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -242,3 +243,77 @@ def test_file_store_keeps_a_metric_next_to_its_own_subfolder(tmp_path, monkeypat
     assert [s for s, _ in _history(client, exporter.run_id, "timing/x.total")] == [0, 1, 2]
     assert _history(client, exporter.run_id, "a.b") == [(0, 0.0), (1, 2.0), (2, 4.0)]
     assert exporter.delivery.stats["rejected"] == 0
+
+
+_OPEN_THE_STORE = """
+import sys, time
+from pathlib import Path
+from otel_rl.exporters.mlflow import MlflowExporter
+exporter = MlflowExporter(log_dir=sys.argv[1], experiment_name=sys.argv[2])
+go = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+if go is not None:
+    import mlflow.store.tracking.sqlalchemy_store  # imported: the openings start together
+    print("ready", flush=True)
+while go is not None and not go.exists():
+    time.sleep(0.001)
+exporter.open()
+print(exporter.run_id, flush=True)
+"""
+
+
+def _store_files(mlflow_dir) -> list:
+    return sorted(p.name for p in mlflow_dir.iterdir()) if mlflow_dir.exists() else []
+
+
+@pytest.mark.slow
+def test_a_store_creation_killed_part_way_leaves_a_store_the_next_run_opens(tmp_path):
+    """MLflow builds a new SQLite store migration by migration: a launch SIGKILLed meanwhile (or
+    a delivery process killed at the run's deadline) left a half-built store that every later
+    opening refused ("table ... already exists"), replay included. Killed at several moments of
+    the creation, the next opening always works, in a whole store with log_dir's artifact root,
+    and nothing of the killed creation is left beside it."""
+    from mlflow import MlflowClient
+
+    for trial, delay in enumerate((0.0, 0.05, 0.2, 0.4, 0.8)):
+        log_dir = tmp_path / f"t{trial}"
+        mlflow_dir = log_dir / "mlflow"
+        child = subprocess.Popen([sys.executable, "-c", _OPEN_THE_STORE, str(log_dir), "e"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+        while not _store_files(mlflow_dir) and child.poll() is None:
+            time.sleep(0.002)  # the creation has begun: its first file is there
+        time.sleep(delay)
+        child.kill()
+        child.wait(30)
+        again = subprocess.run([sys.executable, "-c", _OPEN_THE_STORE, str(log_dir), "e"],
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert again.returncode == 0, (trial, again.stderr[-2000:])
+        client = MlflowClient(tracking_uri=f"sqlite:///{(mlflow_dir / 'mlflow.db').as_posix()}")
+        (run,) = client.search_runs([client.get_experiment_by_name("e").experiment_id])
+        assert run.info.run_id == again.stdout.strip()
+        default = client.get_experiment("0")
+        assert default.artifact_location == (mlflow_dir / "artifacts" / "0").as_uri()
+        assert _store_files(mlflow_dir) == ["mlflow.db"], trial
+
+
+@pytest.mark.slow
+def test_processes_creating_one_store_at_once_all_open_it(tmp_path):
+    """Three processes open the same new store at the same moment (a relaunch beside a replay
+    and a reader): each opens it, with its run in the one store."""
+    from mlflow import MlflowClient
+
+    go = tmp_path / "go"
+    log_dir = tmp_path / "logs"
+    children = [
+        subprocess.Popen([sys.executable, "-c", _OPEN_THE_STORE, str(log_dir), f"e{i}", str(go)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(3)
+    ]  # fmt: skip
+    assert [child.stdout.readline() for child in children] == ["ready\n"] * 3
+    go.touch()
+    done = [child.communicate(timeout=300) for child in children]
+    assert [child.returncode for child in children] == [0, 0, 0], [err[-1500:] for _, err in done]
+    client = MlflowClient(tracking_uri=f"sqlite:///{(log_dir / 'mlflow' / 'mlflow.db').as_posix()}")
+    for i, (out, _) in enumerate(done):
+        (run,) = client.search_runs([client.get_experiment_by_name(f"e{i}").experiment_id])
+        assert run.info.run_id == out.strip()
+    assert _store_files(log_dir / "mlflow") == ["mlflow.db"]

@@ -132,6 +132,7 @@ def test_sys_exit_outside_a_with_block_marks_the_mlflow_run_failed(mlflow_server
     assert result.returncode == 3, result.stderr
     client = MlflowClient(mlflow_server.url)
     exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, result.stderr  # the run never reached the server
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FAILED"
     history = client.get_metric_history(run.info.run_id, "loss")
@@ -202,6 +203,7 @@ def test_sigterm_and_sigint_at_random_moments_of_a_tight_loop(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_sigterm_and_sigint_at_random_moments_of_a_tight_loop_many(tmp_path):
     totals = _kill_at_random_moments(tmp_path, seed=1212, runs=40)
     assert totals["received"] == totals["raised"] == 40

@@ -632,6 +632,7 @@ _WITHOUT = (
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_quick_benchmarks_without_the_test_extra_skip_and_name_what_is_missing(tmp_path):
     out = tmp_path / "results.json"
     done = subprocess.run(

@@ -81,6 +81,7 @@ def _child(tmp_path: Path, ports: dict[str, int], ending: str, delivery: str) ->
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the whole process's exit within the second after the deadline
 @pytest.mark.parametrize("delivery", ["thread", "process"])
 @pytest.mark.parametrize("ending", ["finish", "atexit"])
 def test_everything_hung_at_once_still_ends_the_run_within_the_timeout(tmp_path, ending, delivery):

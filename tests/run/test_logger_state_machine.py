@@ -255,6 +255,7 @@ def test_logger_delivers_exactly_the_model(caplog):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_logger_delivers_exactly_the_model_long_runs(caplog):
     caplog.set_level(logging.ERROR, logger="otel_rl")
     _run(max_examples=200, steps=60)

@@ -510,6 +510,15 @@ def test_a_relaunch_that_ends_first_leaves_one_run_with_its_status_after_a_repla
     try:
         first = _training(cfg, 0, 29, 0.25, pause_at=9, killed=True)
         _read_until(first, "paused")
+        client = MlflowClient(server.url)
+        # The earlier launch has its run open before the server stops (on a loaded machine its
+        # tracker may still be importing MLflow when the loop reaches the pause).
+        deadline = time.monotonic() + 120
+        while not [e for e in client.search_experiments() if e.name == "ends"] or not (
+            client.search_runs([client.get_experiment_by_name("ends").experiment_id])
+        ):
+            assert time.monotonic() < deadline, "the earlier launch never opened its MLflow run"
+            time.sleep(0.2)
         os.killpg(os.getpgid(server.process.pid), signal.SIGSTOP)
         (log_dir / "go-1").write_text("")
         _read_until(first, "logged")
@@ -520,7 +529,6 @@ def test_a_relaunch_that_ends_first_leaves_one_run_with_its_status_after_a_repla
         with Logger(cfg) as relaunch:
             for step in range(20, 23):
                 relaunch.log_metrics({"train/reward": step + 0.75}, step=step)
-        client = MlflowClient(server.url)
         (experiment,) = [e for e in client.search_experiments() if e.name == "ends"]
         (run,) = client.search_runs([experiment.experiment_id])  # one run so far
         out = subprocess.run([sys.executable, "-m", "otel_rl.cli", "replay", str(log_dir)],

@@ -182,7 +182,9 @@ def test_the_mlflow_status_says_how_the_run_ended(mlflow_server, log_dir, case):
     result, experiment = _run(mlflow_server, log_dir, script)
     assert result.returncode == code, result.stderr
     client = MlflowClient(mlflow_server.url)
-    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, result.stderr  # the run never reached the server
+    (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == status, result.stderr
     history = client.get_metric_history(run.info.run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(0, 0.0), (1, 0.1), (2, 0.2)]

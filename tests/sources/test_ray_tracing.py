@@ -66,6 +66,7 @@ def expected_spans(spans) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_worker_timer_spans_join_the_driver_step_trace(log_dir, capsys):
     pytest.importorskip("ray")
     receiver = OtlpTraceReceiver()

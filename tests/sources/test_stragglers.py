@@ -1,7 +1,7 @@
 """The rank everyone waits for: ``timing/<name>/slowest_rank`` and ``/skew`` from four workers
-(``log_worker_metrics``) and four real gloo ranks (``reduce_across_ranks``), where rank 2 sleeps
-longer inside the timed block; and the one warning for a rank that keeps being the slowest,
-with what it cost: its share of the step time over the window."""
+(``log_worker_metrics``, rank 2's timed block holding the others') and four real gloo ranks
+(``reduce_across_ranks``, rank 2 sleeping longer); and the one warning for a rank that keeps
+being the slowest, with what it cost: its share of the step time over the window."""
 
 from __future__ import annotations
 
@@ -29,14 +29,23 @@ def _pause(rank: int) -> float:
     return 0.12 if rank == SLOW_RANK else 0.02
 
 
+def _generation(workers: list[WorkerMetrics], slow: int) -> None:
+    """Each worker times a ``generation``; ``slow``'s block holds the others' blocks, so it is the
+    slowest, by more than twice the median, however long a loaded machine takes over each sleep."""
+    with workers[slow].timer("generation"):
+        time.sleep(_pause(SLOW_RANK))
+        for rank, worker in enumerate(workers):
+            if rank != slow:
+                with worker.timer("generation"):
+                    time.sleep(_pause(rank if rank != SLOW_RANK else 0))
+
+
 def test_four_workers_name_the_slow_one_and_its_skew_in_the_rows(log_dir):
     with Logger({"log_dir": str(log_dir)}) as logger:
         totals_per_step = []
         for step in range(3):
             workers = [WorkerMetrics(rank=r) for r in range(WORLD)]
-            for rank, worker in enumerate(workers):
-                with worker.timer("generation"):
-                    time.sleep(_pause(rank))
+            _generation(workers, SLOW_RANK)
             snaps = [w.snapshot() for w in workers]
             totals_per_step.append([s["timings"]["timing/generation"][0] for s in snaps])
             logger.log_worker_metrics(snaps, step=step)
@@ -47,7 +56,7 @@ def test_four_workers_name_the_slow_one_and_its_skew_in_the_rows(log_dir):
         assert rows[step]["timing/generation/skew"] == pytest.approx(
             max(totals) / statistics.median(totals)
         )
-        assert rows[step]["timing/generation/skew"] > 3  # 0.12 s against ~0.02 s
+        assert rows[step]["timing/generation/skew"] > 2  # it held the three others
 
 
 def _rank_main(rank: int, store: str, out_dir: str) -> None:
@@ -92,7 +101,8 @@ def test_four_gloo_ranks_agree_on_the_slowest_rank_and_its_skew(tmp_path):
     for result in results:
         reduced = result["reduced"]
         assert reduced["timing/generation"] == max(mine)
-        assert reduced["timing/generation/slowest_rank"] == SLOW_RANK
+        # the rank that took longest, whichever a loaded machine made it (most often rank 2)
+        assert reduced["timing/generation/slowest_rank"] == mine.index(max(mine))
         assert reduced["timing/generation/skew"] == pytest.approx(
             max(mine) / statistics.median(mine)
         )
@@ -143,9 +153,7 @@ def test_a_straggler_is_told_with_its_share_of_the_step_time(log_dir, otel_rl_wa
         for step in range(6):
             slow = 0 if step < 2 else SLOW_RANK
             workers = [WorkerMetrics(rank=r) for r in range(WORLD)]
-            for rank, worker in enumerate(workers):
-                with worker.timer("generation"):
-                    time.sleep(0.12 if rank == slow else 0.02)
+            _generation(workers, slow)
             snaps = [w.snapshot() for w in workers]
             before = time.monotonic()
             logger.log_worker_metrics(snaps, step=step)
@@ -157,7 +165,7 @@ def test_a_straggler_is_told_with_its_share_of_the_step_time(log_dir, otel_rl_wa
         for s in range(1, 5)
         if rows[s][f"{timing}/slowest_rank"] == SLOW_RANK
     )
-    assert waited > 3 * 0.09  # steps 2-4, each ~0.12 s against a median of ~0.02 s
+    assert waited > 3 * 0.12  # steps 2-4: rank 2's block held the others' and slept 0.12 s more
     wall_low, wall_high = calls[4][0] - calls[0][1], calls[4][1] - calls[0][0]
 
     said = [r.getMessage() for r in otel_rl_warnings.records if "the slowest" in r.getMessage()]
@@ -168,7 +176,6 @@ def test_a_straggler_is_told_with_its_share_of_the_step_time(log_dir, otel_rl_wa
     assert (int(rank), int(steps)) == (SLOW_RANK, window)
     assert float(told_waited) == pytest.approx(waited, rel=5e-3)
     assert wall_low * 0.995 <= float(told_wall) <= wall_high * 1.005
-    assert wall_low <= 4 * 0.18 + 1  # the steps' sleeps, and little else
     assert 100 * waited / wall_high - 0.5 <= float(share) <= 100 * waited / wall_low + 0.5
     assert "the slowest at timing/generation in 3 of them (up to step 4;" in said[0]
     events = jsonl_rows(log_dir / "events.jsonl")

@@ -59,6 +59,7 @@ def instrument_command() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_otel_only_script_reaches_tensorboard_and_mlflow(mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
