@@ -20,6 +20,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n``, tests are handed to the workers one at a time as each becomes free (unless
+    ``--maxschedchunk`` says otherwise): pytest-xdist's default hands each worker a run of
+    consecutive tests at the start, which gave one worker every ``long`` test, one after the
+    other, while the others sat idle at the end."""
+    if config.getoption("numprocesses", None) and config.getoption("maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``-n`` the tests marked ``long`` start first, then the other slow ones: pytest-xdist
     hands tests to its workers in this order, and a worker that drew a test of several minutes

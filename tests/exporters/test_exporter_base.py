@@ -58,27 +58,36 @@ def test_backend_down_for_3s_then_recovers(log_dir, otel_rl_warnings):
 
 
 class SlowTracker(TrackerExporter):
+    """Each write takes ``delay`` seconds, once ``gate`` (if given) is open; ``writing`` is set
+    as the first write begins."""
+
     name = "slow"
 
-    def __init__(self, delay: float, **kwargs):
-        self.delay = delay
+    def __init__(self, delay: float, gate: threading.Event | None = None, **kwargs):
+        self.delay, self.gate = delay, gate
         self.steps: list[int] = []
+        self.writing = threading.Event()
         super().__init__(**kwargs)
 
     def write_step(self, step, rows, batch):
+        self.writing.set()
+        if self.gate is not None:
+            self.gate.wait(60)
         time.sleep(self.delay)
         self.steps.append(step)
 
 
 def test_slow_tracker_does_not_delay_fast_one(log_dir):
-    slow, fast = SlowTracker(0.05), SlowTracker(0.0)
+    gate = threading.Event()  # the slow tracker writes nothing until the fast one has all
+    slow, fast = SlowTracker(0.05, gate=gate), SlowTracker(0.0)
     logger = Logger({"log_dir": str(log_dir), "jsonl_enabled": False}, exporters=[slow, fast])
     for step in range(40):
         logger.log_metrics({"x": step}, step=step)
     logger.log_metrics({}, step_finished=True)
     assert fast.force_flush(5_000)
     assert len(fast.steps) == 40
-    assert len(slow.steps) < 40  # still busy: each write takes 50 ms
+    assert slow.steps == []  # still in its first write
+    gate.set()
     logger.finish()
     assert slow.steps == list(range(40))
 
@@ -110,6 +119,7 @@ def test_a_tracker_shut_down_by_hand_speaks_of_its_deadline_in_the_unit_it_was_g
     slow = SlowTracker(0.3)
     for step in range(5):
         slow.delivery.submit(StepBatch(step=step, values={"x": float(step)}))
+    assert slow.writing.wait(30)  # a write in flight at the deadline, however late it began
     slow.shutdown(**{keyword: 1.0})
     said = [r.getMessage() for r in otel_rl_warnings.records]
     (message,) = [m for m in said if "record(s) not delivered" in m]
