@@ -32,6 +32,7 @@ from otel_rl.distributed.snapshot import (
 from otel_rl.telemetry.step_reader import StepReader
 from otel_rl.telemetry.timing import PhaseClock, Timer, TimerFactory
 from otel_rl.telemetry.tracing import RunTracer, hook_active, hook_resource
+from otel_rl.watch.job_state import publisher_of_this_process
 
 #: The scope of ``WorkerMetrics.meter``.
 USER_SCOPE = "otel_rl.worker"
@@ -108,6 +109,9 @@ class WorkerMetrics:
         self._declared: dict[str, str | None] = {}
         self._scalars: dict[str, list[Any]] = {}
         self._lock = threading.Lock()
+        #: The last step snapshotted and its Unix time, for the job's stall verdict.
+        self._last_step: tuple[int | None, float | None] = (None, None)
+        publisher_of_this_process(self._job_activity, role=self.role, rank=self.rank)
 
     def record(
         self,
@@ -167,6 +171,8 @@ class WorkerMetrics:
         still logs it at the step it passes to ``log_worker_metrics``.
         """
         now = time.time()
+        if step is not None:
+            self._last_step = (step, now)
         with self._lock:
             scalars, self._scalars = self._scalars, {}
         snap = empty_snapshot(self.rank, self.role, step, now)
@@ -174,6 +180,9 @@ class WorkerMetrics:
         add_otel_data(snap, self._reader.take(), self._timer_key, now)
         snap[ANATOMY_KEY] = self._clock.take()
         return snap
+
+    def _job_activity(self) -> tuple[int | None, float | None]:
+        return self._last_step
 
     @property
     def tracer_provider(self) -> Any:

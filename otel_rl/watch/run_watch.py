@@ -22,6 +22,8 @@ from typing import Any
 
 from otel_rl.core.records import Event
 from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.watch.job_state import StatePublisher, publisher_of_this_process, shared_directory
+from otel_rl.watch.job_verdict import job_verdict
 from otel_rl.watch.stalls import (
     StallReport,
     StallWatchdog,
@@ -104,6 +106,13 @@ class RunWatch:
                 history=phase_history,
             )
             self.watchdog.start()
+        #: This process's state, published for the job's verdict (None: stalls not watched).
+        self.job: StatePublisher | None = None
+        if self.watchdog is not None:
+            self.job = publisher_of_this_process(
+                self._job_activity, directory=shared_directory(log_dir), driver=True,
+                phase_after=float(section["phase_after"]), factor=float(section["factor"]),
+            )  # fmt: skip
 
     # ---- training thread -----------------------------------------------------------------------
 
@@ -187,10 +196,16 @@ class RunWatch:
     def _activity(self) -> tuple[float | None, int | None, list[float]]:
         return self.last_call, self._step, list(self._step_starts)
 
+    def _job_activity(self) -> tuple[int | None, float | None]:
+        last = self.last_call
+        return self._step, None if last is None else time.time() - (time.monotonic() - last)
+
     def _gather(self, report: StallReport) -> None:
         from otel_rl.telemetry.timing import open_timers
         from otel_rl.watch.stalls import thread_names
 
+        if self.job is not None:  # the others' verdicts see this stall at once
+            self.job.publish()
         names = thread_names()
         now = time.monotonic()
         report.open_timers = {
@@ -230,7 +245,11 @@ class RunWatch:
 
         def build() -> None:
             try:
-                verdict = build_verdict(report, timeout=timeout, engines=self._engines, skip=skip)
+                job = None
+                if self.job is not None and self.job.boards():  # one of a job's processes
+                    job = job_verdict(self.job.read(), time.time())
+                verdict = build_verdict(report, timeout=timeout, engines=self._engines, skip=skip,
+                                        job=job)  # fmt: skip
                 built.append(verdict.to_json())
             except Exception as exc:  # the rest of the report stands without it
                 built.append(_no_verdict(f"building it failed ({type(exc).__name__}: {exc})"))

@@ -205,6 +205,7 @@ class StallReport:
             "gpus": self.gpus,
             "stragglers": self.stragglers,
             "verdict": self.verdict,
+            "job": (self.verdict or {}).get("job"),
             "nccl_flight_recorder": self.nccl,
             "ended": self.ended,
         }

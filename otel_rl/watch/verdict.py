@@ -80,20 +80,28 @@ class Verdict:
     chain: list[Link] = field(default_factory=list)
     #: Links that could not be known, each with its reason.
     missing: list[str] = field(default_factory=list)
+    #: The job's verdict (:class:`otel_rl.watch.job_verdict.JobVerdict`): the processes that are
+    #: not where the rest are, named first.
+    job: Any = None
 
     @property
     def text(self) -> str:
         sentence = " → ".join(link.text for link in self.chain)
+        if self.job is not None and self.job.sentence:
+            sentence = f"{self.job.sentence}. {sentence[:1].upper()}{sentence[1:]}"
         if self.missing:
             sentence += "; not known: " + "; ".join(self.missing)
         return sentence
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "text": self.text,
             "chain": [link.to_json() for link in self.chain],
             "missing": list(self.missing),
         }
+        if self.job is not None:
+            out["job"] = self.job.to_json()
+        return out
 
 
 # ---- what the training thread is waiting on ----------------------------------------------------
@@ -110,6 +118,7 @@ class _Wait:
     host: str | None = None  # http: "host:port"
     url: str | None = None
     lock: locks.Taken | None = None  # lock: the lock being taken
+    group: str | None = None  # collective: the process group's name (``default``, its desc)
     #: What could not be known of it, for the verdict's ``missing``.
     unknown: str | None = None
 
@@ -215,13 +224,34 @@ def _collective_wait(frames: list[FrameType]) -> _Wait | None:
         if op not in COLLECTIVES:
             continue
         variables = _locals(frame)
-        details = _group_details(variables.get("group", variables.get("pg")))
+        group = variables.get("group", variables.get("pg"))
+        details = _group_details(group)
         tensor = variables.get("tensor", variables.get("tensors"))
         if hasattr(tensor, "shape") and hasattr(tensor, "dtype"):
             details.insert(0, f"{str(tensor.dtype).replace('torch.', '')} {list(tensor.shape)}")
         words = f"torch.distributed.{op}" + (f" ({', '.join(details)})" if details else "")
-        return _Wait("collective", words, f"its stack, frame {_where(frame)}")
+        wait = _Wait("collective", words, f"its stack, frame {_where(frame)}")
+        wait.group = group_name(group)
+        return wait
     return None
+
+
+def group_name(group: Any) -> str:
+    """A process group's name, the same on every rank: ``default`` for the default group
+    (``None``), else its description or its name in ``torch.distributed``'s registry."""
+    dist = sys.modules.get("torch.distributed")
+    if group is None or dist is None:
+        return "default"
+    c10d = dist.distributed_c10d
+    with contextlib.suppress(Exception):
+        if group is c10d._get_default_group():
+            return "default"
+    desc = getattr(group, "group_desc", "")
+    if isinstance(desc, str) and desc and desc != "undefined":
+        return desc
+    with contextlib.suppress(Exception):
+        return str(c10d._world.pg_names[group])
+    return "a group"
 
 
 def _group_details(group: Any) -> list[str]:
@@ -249,7 +279,8 @@ def _http_wait(frames: list[FrameType]) -> _Wait | None:
         if host is None and this is not None:
             h, p = getattr(this, "host", None), getattr(this, "port", None)
             if isinstance(h, str) and isinstance(p, int):
-                host = f"{h}:{p}"
+                # urllib hands http.client the URL's netloc, credentials and all
+                host = f"{h.rpartition('@')[2]}:{p}"
                 client = _client(frame)
         for name in ("url", "fullurl", "str_or_url"):
             value = variables.get(name)
@@ -425,8 +456,15 @@ def _ray_links(
 ) -> tuple[str | None, str | None]:
     """The task behind the first object ref waited on, and what its worker is doing; the words
     of the wait, and the IP of the node the task runs on (``None``: not known)."""
-    ref = wait.refs[0]
-    more = f" (1 of {len(wait.refs)} refs)" if len(wait.refs) > 1 else ""
+    ref, more = wait.refs[0], ""
+    if len(wait.refs) > 1:  # a worker group's gather: follow the first call not yet returned
+        more = f" (1 of {len(wait.refs)} refs)"
+        with contextlib.suppress(Exception):
+            import ray
+
+            done, rest = ray.wait(list(wait.refs), num_returns=len(wait.refs), timeout=0)
+            ref = rest[0] if rest else ref
+            more = f" ({len(done)} of {len(wait.refs)} returned)"
     try:
         task_id = ref.task_id().hex()
     except Exception as exc:
@@ -775,14 +813,19 @@ def build_verdict(
     timeout: float = 5.0,
     engines: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
     skip: int | None = None,
+    job: Any = None,
 ) -> Verdict:
     """The verdict of ``report`` (a :class:`~otel_rl.watch.stalls.StallReport` with its other
     parts gathered), spending at most about ``timeout`` seconds on Ray's state API. ``engines``
-    returns the rollout monitor's ``engine_states()``; ``skip`` is the calling thread."""
+    returns the rollout monitor's ``engine_states()``; ``skip`` is the calling thread; ``job`` is
+    the job's verdict (:func:`otel_rl.watch.job_verdict.job_verdict`), when the process is one of
+    a job's."""
     from otel_rl.telemetry.timing import open_phases, phase_history
 
     deadline = time.monotonic() + timeout
-    verdict = Verdict()
+    verdict = Verdict(job=job)
+    if job is not None:
+        verdict.missing += job.unknown
     phases = {i: s for i, s in open_phases().items() if i != skip}
     ident = training_thread(phases)
     now = time.monotonic()
@@ -818,9 +861,12 @@ def build_verdict(
             head.waits_on = words or wait.words
         elif wait.kind == "http":
             _engine_links(wait.host, engines() if engines else [], verdict)
-        elif wait.kind == "collective":
+        elif wait.kind == "collective" and job is None:
             verdict.missing.append("which rank has not joined it (each rank's own stall report "
                                    "says where that rank is)")  # fmt: skip
+        elif wait.kind == "collective" and not job.sentence:
+            verdict.missing.append("which rank has not joined it: every rank that published its "
+                                   "state is in it")  # fmt: skip
         elif wait.kind == "lock":
             _holder_links(wait, ident, verdict, phases, now)
         verb = "waits" if wait.kind != "code" else "is"

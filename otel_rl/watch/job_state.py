@@ -1,0 +1,531 @@
+"""Where each process of a job is, published where the whole job can read it.
+
+Every process otel-rl runs in (the driver's ``Logger``, each ``WorkerMetrics``) keeps a small
+state — role and rank, pid, node, last step, open timer path, the innermost wait the verdict
+recognises with its target, one line of stack, the collectives it entered on each process group,
+and since when each was true — and publishes it on a thread of its own every
+:data:`PUBLISH_EVERY` seconds, and at once when one of its phases passes its stall deadline.
+
+The states go to places the job already reaches, with no server of their own (a
+:class:`Board`): the ``torch.distributed`` store of a torchrun or ``init_process_group`` job
+(through a client of its own with a short timeout, so that a store that is down never holds a
+caller: the job's own store client waits up to the process group's 30 minutes), and a shared
+directory where that is all there is. The
+training thread never waits for any of it: it is read from the live frames, as the verdict reads
+them. A board that fails is said once, and costs the job nothing else.
+
+The process that sees a stall reads every state and compares them
+(:mod:`otel_rl.watch.job_verdict`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+from otel_rl.core.redaction import redact_text
+from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.watch.locks import where as _where
+from otel_rl.watch.verdict import _frames, _user_frame, group_name, recognise, training_thread
+
+__all__ = [
+    "PUBLISH_EVERY",
+    "Board",
+    "DirectoryBoard",
+    "JobStates",
+    "StatePublisher",
+    "TorchStoreBoard",
+    "collective_counts",
+    "process_state",
+]
+
+#: Seconds between two publications of a process's state (and the age past which the comparing
+#: process counts another as no longer heard from: :data:`SILENT_AFTER`).
+PUBLISH_EVERY = 5.0
+#: Seconds from the publisher's start to its first publication.
+FIRST_AFTER = 1.0
+#: A state older than this, in a job whose other processes publish, is "not heard from".
+SILENT_AFTER = 4 * PUBLISH_EVERY
+#: Longest text kept of any one field: a state stays a few hundred bytes whatever the program.
+MAX_TEXT = 300
+#: Process groups whose counts a state carries (a job's own groups are a handful).
+MAX_GROUPS = 64
+#: Seconds one board may take to be written or read.
+BOARD_TIMEOUT = 5.0
+_KEY_PREFIX = "otel_rl/job/"
+
+
+def _text(value: Any) -> str:
+    text = redact_text(str(value))
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+
+
+# ---- what this process publishes ---------------------------------------------------------------
+
+
+def collective_counts() -> dict[str, dict[str, Any]]:
+    """``{group: {"count", "size", "backend"}}`` for each ``torch.distributed`` process group this
+    process belongs to: ``count`` is the backend's own sequence number, the collectives this
+    process entered on that group (``None`` where the backend keeps none). Empty without
+    ``torch.distributed`` or before ``init_process_group``."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return {}
+        groups = list(dist.distributed_c10d._world.pg_map)
+    except Exception:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for group in groups[:MAX_GROUPS]:
+        count: int | None = None
+        with contextlib.suppress(Exception):
+            count = int(group._get_sequence_number_for_group())
+        entry: dict[str, Any] = {"count": count}
+        with contextlib.suppress(Exception):
+            entry["size"] = int(group.size())
+        with contextlib.suppress(Exception):
+            entry["backend"] = str(dist.get_backend(group))
+        out[group_name(group)] = entry
+    return out
+
+
+def _identity(role: str | None, rank: int | None) -> dict[str, Any]:
+    """Role, rank and where this process runs: the process group's rank when ``rank`` is not
+    given, the Ray node and actor when in Ray."""
+    out: dict[str, Any] = {"pid": os.getpid(), "node": socket.gethostname()}
+    dist = sys.modules.get("torch.distributed")
+    with contextlib.suppress(Exception):
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            out["world_rank"] = int(dist.get_rank())
+            out["world_size"] = int(dist.get_world_size())
+    ray = sys.modules.get("ray")
+    with contextlib.suppress(Exception):
+        if ray is not None and ray.is_initialized():
+            context = ray.get_runtime_context()
+            out["node_id"] = context.get_node_id()
+            actor = context.get_actor_id()
+            if actor:
+                out["actor_id"] = actor
+                with contextlib.suppress(Exception):
+                    out["actor"] = type(context.current_actor).__name__
+            ip = ray.util.get_node_ip_address()
+            if ip:
+                out["ip"] = ip
+    if rank is None:
+        rank = out.get("world_rank")
+    if role is None:
+        role = "rank" if rank is not None else "driver" if "node_id" in out else "process"
+    out["role"], out["rank"] = role, rank
+    return out
+
+
+def name_of(state: Mapping[str, Any]) -> str:
+    """How a process is named in a sentence: ``rank 2``, ``policy rank 1``, ``the driver``,
+    ``TrainerWorker rank 3`` (the actor's class)."""
+    role, rank = state.get("role"), state.get("rank")
+    who = state.get("actor") or (None if role in ("rank", "process") else role)
+    if role == "driver" and rank is None:
+        return "the driver"
+    if rank is None:
+        return f"{who or 'process'} (pid {state.get('pid')})"
+    return f"{who} rank {rank}" if who else f"rank {rank}"
+
+
+class _Since:
+    """When each published fact became true: a fact that did not change keeps its first time."""
+
+    def __init__(self) -> None:
+        self._facts: dict[str, tuple[Any, float]] = {}
+
+    def of(self, name: str, value: Any, now: float) -> float:
+        held = self._facts.get(name)
+        if held is None or held[0] != value:
+            self._facts[name] = (value, now)
+            return now
+        return held[1]
+
+
+def process_state(
+    identity: Mapping[str, Any],
+    step: int | None,
+    step_at: float | None,
+    since: _Since,
+) -> dict[str, Any]:
+    """This process's state now (read on the calling thread, never the training thread's):
+    ``step_at`` is the Unix time ``step`` was last logged."""
+    from otel_rl.telemetry.timing import open_phases
+    now, mono = time.time(), time.monotonic()
+    phases = open_phases()
+    ident = training_thread(phases)
+    state: dict[str, Any] = dict(identity)
+    state.update(step=step, step_at=step_at, published=now, every=PUBLISH_EVERY)
+    stack = phases.get(ident or -1) or []
+    if stack:
+        path, began = stack[-1]
+        state["phase"], state["phase_since"] = _text(path), now - (mono - began)
+    else:
+        state["phase"] = state["phase_since"] = None
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    try:
+        frames = _frames(frame)
+        if frames:
+            line = _text(_where(_user_frame(frames)))
+            state["at"], state["at_since"] = line, since.of("at", line, now)
+        wait = recognise(frame)
+    except Exception:  # a frame torn down meanwhile: this publication goes without it
+        wait = None
+    finally:
+        del frame
+    if wait is not None and wait.kind != "code":
+        words = _text(wait.words)
+        state["wait"] = {"kind": wait.kind, "words": words, "since": since.of("wait", words, now)}
+        if wait.host:
+            state["wait"]["host"] = _text(wait.host)
+        if wait.kind == "collective":
+            state["wait"]["op"] = words.split(" ", 1)[0].rsplit(".", 1)[-1]
+            state["wait"]["group"] = wait.group
+    state["collectives"] = collective_counts()
+    return state
+
+
+# ---- where the states go -----------------------------------------------------------------------
+
+
+class Board(Protocol):
+    """A place every process of the job reaches. ``put`` replaces this process's state; ``read``
+    returns every state there and the ranks that should be there but are not."""
+
+    #: How it is named in a message: "the torch.distributed store at 127.0.0.1:29500".
+    where: str
+
+    def put(self, key: str, payload: bytes) -> None: ...
+
+    def read(self) -> tuple[list[dict[str, Any]], list[str]]: ...
+
+
+def _decode(payload: bytes | str | None) -> dict[str, Any] | None:
+    if payload is None:
+        return None
+    try:
+        state = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+class DirectoryBoard:
+    """One file per process in a directory the job shares (``<log_dir>/job``); a file older than
+    the reading process is another job's, and is not read."""
+
+    def __init__(self, directory: Path, started: float | None = None) -> None:
+        self.directory = Path(directory)
+        self.where = f"the directory {self.directory}"
+        self._started = time.time() if started is None else started
+
+    def put(self, key: str, payload: bytes) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{key.replace('/', '_')}.json"
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        part.write_bytes(payload)
+        os.replace(part, path)
+
+    def read(self) -> tuple[list[dict[str, Any]], list[str]]:
+        states = []
+        for path in sorted(self.directory.glob("*.json")):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < self._started - 2 * SILENT_AFTER:
+                    continue
+                state = _decode(path.read_bytes())
+                if state is not None:
+                    states.append(state)
+        return states, []
+
+
+class TorchStoreBoard:
+    """The job's ``torch.distributed`` store: one key per rank of the default group, written and
+    read through a client of its own whose every call gives up after :data:`BOARD_TIMEOUT`."""
+
+    def __init__(self, host: str, port: int, world_size: int) -> None:
+        self.host, self.port, self.world_size = host, int(port), int(world_size)
+        self.where = f"the torch.distributed store at {host}:{port}"
+        self._store: Any = None
+
+    @classmethod
+    def of_this_job(cls) -> TorchStoreBoard | None:
+        """The board of the process group this process joined, if its store is a TCP store."""
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return None
+            store = dist.distributed_c10d._get_default_store()
+            while hasattr(store, "underlying_store"):
+                store = store.underlying_store
+            host, port = getattr(store, "host", None), getattr(store, "port", None)
+            if not isinstance(host, str) or not isinstance(port, int):
+                return None
+            return cls(host, port, dist.get_world_size())
+        except Exception:
+            return None
+
+    def _client(self) -> Any:
+        if self._store is None:
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                self.host, self.port, is_master=False,
+                timeout=timedelta(seconds=BOARD_TIMEOUT), wait_for_workers=False,
+            )  # fmt: skip
+        return self._store
+
+    def put(self, key: str, payload: bytes) -> None:
+        try:
+            self._client().set(_KEY_PREFIX + key, payload)
+        except Exception:
+            self._store = None  # a new connection next time: the store may be back
+            raise
+
+    def read(self) -> tuple[list[dict[str, Any]], list[str]]:
+        store = self._client()
+        states, missing = [], []
+        for rank in range(self.world_size):
+            key = f"{_KEY_PREFIX}rank-{rank}"
+            if not store.check([key]):
+                missing.append(f"rank {rank}")
+                continue
+            state = _decode(store.get(key))
+            if state is not None:
+                states.append(state)
+        return states, missing
+
+
+def _key(state: Mapping[str, Any]) -> str:
+    rank = state.get("world_rank")
+    if rank is not None:  # the torch store reads the default group's ranks by these keys
+        return f"rank-{rank}"
+    return f"{state.get('role')}-{state.get('rank')}-{state.get('node')}-{state.get('pid')}"
+
+
+# ---- the thread that publishes -----------------------------------------------------------------
+
+
+class JobStates:
+    """What the comparing process read: every state found, the ranks that never published, and
+    what could not be read (each board's failure, in words)."""
+
+    def __init__(self) -> None:
+        self.states: list[dict[str, Any]] = []
+        self.missing: list[str] = []
+        self.unreadable: list[str] = []
+
+
+class StatePublisher:
+    """This process's state, published to the job's boards on a daemon thread.
+
+    ``activity`` returns ``(last step, its Unix time)``. ``boards`` finds the boards each time
+    (a process group may be set up after the logger); ``directory`` adds a shared
+    directory board. ``role`` and ``rank`` name the process (default: its process-group rank).
+    """
+
+    def __init__(
+        self,
+        activity: Callable[[], tuple[int | None, float | None]],
+        *,
+        role: str | None = None,
+        rank: int | None = None,
+        directory: Path | None = None,
+        phase_after: float = 30.0,
+        factor: float = 10.0,
+    ) -> None:
+        self._activity = activity
+        self._role, self._rank = role, rank
+        self._directory = None if directory is None else DirectoryBoard(directory)
+        self._phase_after, self._factor = phase_after, factor
+        self._since = _Since()
+        self._boards: dict[str, Any] = {}
+        self._failed: set[str] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        #: Whether a ``Logger`` gives the steps (else the first worker of the process).
+        self.driven = False
+
+    def adopt(
+        self,
+        activity: Callable[[], tuple[int | None, float | None]],
+        role: str | None,
+        rank: int | None,
+        directory: Path | None,
+        phase_after: float,
+        factor: float,
+    ) -> None:
+        """A ``Logger`` in a process whose worker published first: the process is its."""
+        with self._lock:
+            self._activity, self._role, self._rank = activity, role, rank
+            if directory is not None:
+                self._directory = DirectoryBoard(directory)
+            self._phase_after, self._factor, self.driven = phase_after, factor, True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="otel-rl-job-state", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def publish_now(self) -> None:
+        """Publish at once (a phase of this process passed its deadline)."""
+        self._wake.set()
+
+    def boards(self) -> list[Any]:
+        found: list[Any] = []
+        for board in (TorchStoreBoard.of_this_job(), self._directory):
+            if board is None:
+                continue
+            found.append(self._boards.setdefault(board.where, board))
+        return found
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            step, step_at = self._activity()
+            return process_state(_identity(self._role, self._rank), step, step_at, self._since)
+
+    def publish(self) -> None:
+        """One publication, on the calling thread (the publisher's own, or a stall report's)."""
+        if os.getpid() != self._pid:  # a forked child is a process of its own
+            return
+        boards = self.boards()
+        if not boards:  # a process of its own: no job to tell
+            return
+        state = self.state()
+        payload = json.dumps(state, default=str).encode()
+        for board in boards:
+            try:
+                board.put(_key(state), payload)
+            except Exception as exc:
+                self._say_once(board, "published to", exc)
+            else:
+                self._failed.discard(board.where)
+
+    def read(self, boards: Iterable[Any] | None = None) -> JobStates:
+        """Every state on this job's boards (this process's own made now), merged by process."""
+        found = JobStates()
+        merged: dict[tuple[Any, Any], dict[str, Any]] = {}
+        for board in self.boards() if boards is None else boards:
+            try:
+                states, missing = board.read()
+            except Exception as exc:
+                found.unreadable.append(f"{board.where} could not be read "
+                                        f"({type(exc).__name__}: {_text(exc)})")  # fmt: skip
+                continue
+            found.missing += [m for m in missing if m not in found.missing]
+            for state in states:
+                key = (state.get("node"), state.get("pid"))
+                held = merged.get(key)
+                if held is None or float(held.get("published") or 0) < float(
+                    state.get("published") or 0
+                ):
+                    merged[key] = state
+        own = self.state()
+        merged[(own.get("node"), own.get("pid"))] = own
+        found.states = list(merged.values())
+        ranks = {s.get("world_rank") for s in found.states}
+        found.missing = [m for m in found.missing if int(m.split()[-1]) not in ranks]
+        return found
+
+    def _say_once(self, board: Any, verb: str, exc: BaseException) -> None:
+        if board.where in self._failed:
+            return
+        self._failed.add(board.where)
+        _log.warning(
+            "otel-rl: this process's state cannot be %s %s (%s: %s); the job's stall verdict "
+            "will miss it until it can (tried again every %g s)",
+            verb, board.where, type(exc).__name__, _text(exc), PUBLISH_EVERY,
+        )  # fmt: skip
+
+    def _next_deadline(self) -> float | None:
+        """Seconds until an open phase of this process passes its stall deadline, if sooner
+        than the next publication."""
+        from otel_rl.telemetry.timing import open_phases, phase_history
+        from otel_rl.watch.stalls import open_phases_with_deadlines
+
+        _, step_at = self._activity()
+        last = None if step_at is None else time.monotonic() - (time.time() - step_at)
+        watched = open_phases_with_deadlines(
+            self._phase_after, self._factor, open_phases(), phase_history, last
+        )
+        now = time.monotonic()
+        due = [p.due - now for p in watched if p.due > now]
+        return min(due) if due else None
+
+    def _run(self) -> None:
+        # Not at once: the process is still starting this thread, and would be told waiting
+        # for it.
+        self._wake.wait(FIRST_AFTER)
+        while not self._stop.is_set():
+            try:
+                self.publish()
+            except Exception as exc:  # the publisher must outlive any bug of its own
+                _log.warning("otel-rl: job state: %s: %s", type(exc).__name__, exc)
+            wait = PUBLISH_EVERY
+            with contextlib.suppress(Exception):
+                due = self._next_deadline()
+                if due is not None:
+                    wait = min(wait, due + 0.05)  # just past it: the phase is then overdue
+            self._wake.wait(wait)
+            self._wake.clear()
+
+
+# ---- one publisher per process -----------------------------------------------------------------
+
+_PUBLISHERS: dict[int, StatePublisher] = {}
+_PUBLISHERS_LOCK = threading.Lock()
+
+
+def shared_directory(log_dir: Path | None) -> Path | None:
+    """The directory board of a job launched as several processes (``WORLD_SIZE`` above 1, as
+    torchrun and accelerate set it) that share ``log_dir``; ``None`` for a single process."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return None
+    return None if log_dir is None or world <= 1 else Path(log_dir) / "job"
+
+
+def publisher_of_this_process(
+    activity: Callable[[], tuple[int | None, float | None]],
+    *,
+    role: str | None = None,
+    rank: int | None = None,
+    directory: Path | None = None,
+    phase_after: float = 30.0,
+    factor: float = 10.0,
+    driver: bool = False,
+) -> StatePublisher:
+    """The process's one publisher, started on first use. A ``driver`` (a ``Logger``; the latest
+    one) names the process and gives its steps, even when a worker of the same process came
+    first; a later worker leaves it as it is."""
+    pid = os.getpid()
+    with _PUBLISHERS_LOCK:
+        publisher = _PUBLISHERS.get(pid)
+        if publisher is None:
+            publisher = StatePublisher(activity, role=role, rank=rank, directory=directory,
+                                       phase_after=phase_after, factor=factor)  # fmt: skip
+            publisher.driven = driver
+            _PUBLISHERS.clear()  # a parent's, inherited through fork, is not this process's
+            _PUBLISHERS[pid] = publisher
+            publisher.start()
+        elif driver:  # the latest Logger of the process
+            publisher.adopt(activity, role, rank, directory, phase_after, factor)
+        return publisher

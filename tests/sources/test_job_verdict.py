@@ -1,0 +1,294 @@
+"""The job's verdict: every process publishes where it is, and the one that sees a stall names
+the processes that are not where the rest are. Real gloo ranks of ``torch.distributed`` (each a
+process of its own, their store the job's TCP store), a real TCP store closed under a reader,
+and a real HTTP server that never answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from otel_rl.watch.job_state import (
+    JobStates,
+    StatePublisher,
+    TorchStoreBoard,
+)
+from otel_rl.watch.job_verdict import job_verdict
+from testkit.servers import free_port
+
+# Rank 0 logs with a Logger on the default config; the others record with WorkerMetrics. Every
+# rank syncs three steps; at the fourth, rank ``odd`` either sits in a named function (``sleep``)
+# or is killed (``kill``) instead of joining the all_reduce.
+_RANK = textwrap.dedent("""
+    import os, pathlib, signal, sys, time
+    import torch
+    import torch.distributed as dist
+
+    rank, port, log_dir = int(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
+    odd, how = int(sys.argv[4]), sys.argv[5]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=4)
+    if rank == 0:
+        from otel_rl import Logger
+        metrics = Logger({"log_dir": str(log_dir)})
+    else:
+        from otel_rl import WorkerMetrics
+        metrics = WorkerMetrics(rank=rank, role="trainer")
+
+    def load_the_next_batch():
+        while not list((log_dir / "stalls").glob("*.json")):
+            time.sleep(0.1)
+
+    values = torch.ones(4)
+    for step in range(4):
+        if step == 3 and rank == odd:
+            if how == "kill":
+                time.sleep(2)  # its state published (a second after WorkerMetrics began)
+                os.kill(os.getpid(), signal.SIGKILL)
+            load_the_next_batch()
+            os._exit(0)
+        with metrics.timer("sync"):
+            if step == 3 and how == "kill":  # gloo would see the dead peer at once (NCCL waits)
+                dist.distributed_c10d._get_default_store().wait(["never written"])
+            dist.all_reduce(values)
+        if rank == 0:
+            metrics.log_metrics({"loss": float(step)}, step=step)
+        else:
+            metrics.snapshot(step)
+    os._exit(0)  # the others stay in the collective: the test ends them
+""")
+
+
+def _start_ranks(tmp_path: Path, odd: int, how: str) -> tuple[list[subprocess.Popen], Path]:
+    port, log_dir = free_port(), tmp_path / "logs"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, str(rank), str(port), str(log_dir), str(odd), how],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        for rank in range(4)
+    ]  # fmt: skip
+    return ranks, log_dir
+
+
+def _first_report(
+    log_dir: Path, ranks: list[subprocess.Popen], within: float
+) -> tuple[dict, float]:
+    began = time.monotonic()
+    deadline = began + within
+    while time.monotonic() < deadline:
+        found = sorted((log_dir / "stalls").glob("*.json"))
+        if found:
+            report = json.loads(found[0].read_text())
+            report["written"] = found[0].stat().st_mtime
+            return report, time.monotonic() - began
+        for rank in ranks[:1]:
+            if rank.poll() is not None:
+                raise AssertionError(f"rank 0 ended: {rank.communicate()[1][-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"no stall report within {within} s")
+
+
+def _end(ranks: list[subprocess.Popen]) -> list[str]:
+    """Ends every rank; what each wrote to stderr."""
+    errors = []
+    for rank in ranks:
+        if rank.poll() is None:
+            rank.kill()
+        errors.append(rank.communicate(timeout=30)[1])
+    return errors
+
+
+@pytest.mark.slow
+def test_the_rank_that_never_joins_an_all_reduce_is_named_with_its_function_and_count(tmp_path):
+    """Four gloo ranks, rank 2 in ``load_the_next_batch`` instead of its fourth ``all_reduce``:
+    rank 0's report on the default config names rank 2, the function, and that it entered one
+    collective fewer, within 45 s of the others' wait."""
+    ranks, log_dir = _start_ranks(tmp_path, odd=2, how="sleep")
+    try:
+        report, _ = _first_report(log_dir, ranks, within=240)
+    finally:
+        errors = _end(ranks)
+    # from rank 0's last step (its wait began right after) to the report on disk
+    waited = report["written"] - (_unix(report["stalled_at"]) - report["seconds_since_step"])
+    assert waited <= 45, (waited, report["verdict"]["text"])
+
+    text = report["verdict"]["text"]
+    print(text)
+    assert text.startswith("rank 2 has not joined all_reduce #4 on the default group (4 ranks), "
+                           "which ranks 0, 1, 3 wait in: it entered only #3 (1 behind) and is at "
+                           "load_the_next_batch (<string>:"), text  # fmt: skip
+    assert "last step 2, pid " in text
+    job = report["job"]
+    assert job == report["verdict"]["job"]
+    (odd,) = job["odd_ones_out"]
+    assert (odd["rank"], odd["count"], odd["behind"], odd["others_in"]) == (2, 3, 1, 4)
+    assert odd["at"].startswith("load_the_next_batch (<string>:")
+    assert odd["role"] == "trainer" and odd["step"] == 2 and odd["seconds_old"] < 10
+    assert sorted(p["rank"] for p in job["processes"]) == [0, 1, 2, 3]
+    assert {p["collectives"]["default"]["count"] for p in job["processes"] if p["rank"] != 2} \
+        == {4}  # fmt: skip
+    assert job["not_heard_from"] == [] and job["missing"] == []
+    # the warning line starts with the same sentence, and `otel-rl why` prints it
+    assert f"otel-rl: {text.split('. ')[0]}" in errors[0]
+    why = subprocess.run([sys.executable, "-m", "otel_rl.cli", "why", str(log_dir)],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert why.returncode == 0, why.stderr
+    assert text.split(". ")[0] in " ".join(why.stdout.split()), why.stdout
+
+
+def _unix(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+
+@pytest.mark.slow
+def test_a_rank_killed_while_the_others_wait_is_named_as_not_heard_from_since_a_time(tmp_path):
+    """Rank 3 is SIGKILLed while the others wait for it: rank 0's report names it as not heard
+    from since the time of its last state, and names no rank as behind (the dead one is not
+    compared). Gloo notices a dead peer inside a collective at once (the connection resets,
+    where NCCL waits): the others wait for rank 3 on the job's store instead."""
+    ranks, log_dir = _start_ranks(tmp_path, odd=3, how="kill")
+    try:
+        report, _ = _first_report(log_dir, ranks, within=240)
+    finally:
+        _end(ranks)
+    assert ranks[3].returncode == -9
+    text = report["verdict"]["text"]
+    print(text)
+    found = re.match(r"rank 3 \(pid (\d+) on [^)]+\) has not been heard from since "
+                     r"(\d\d:\d\d:\d\d) UTC \((\d+) s ago\), when it ", text)  # fmt: skip
+    assert found, text
+    assert int(found[1]) == ranks[3].pid and int(found[3]) > 20
+    job = report["job"]
+    (silent,) = job["not_heard_from"]
+    assert silent["rank"] == 3 and silent["last_heard"] == f"{found[2]} UTC"
+    assert job["odd_ones_out"] == []
+    assert "Rank 0 is in sync (" in text
+
+
+def test_a_closed_store_is_said_once_by_the_publisher_and_in_the_verdict(otel_rl_warnings):
+    """The job's TCP store (a real one, hosted here) goes away: publishing warns once and goes
+    on; reading says which store could not be read, in the verdict's ``missing``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    port = free_port()
+    master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=5))  # fmt: skip
+    board = TorchStoreBoard("127.0.0.1", port, world_size=2)
+    board.put("rank-1", json.dumps({"rank": 1, "world_rank": 1, "step": 7}).encode())
+    states, missing = board.read()
+    assert [(s["rank"], s["step"]) for s in states] == [(1, 7)] and missing == ["rank 0"]
+    publisher = StatePublisher(lambda: (7, time.time()), role="trainer", rank=1)
+    publisher.boards = lambda: [board]  # type: ignore[method-assign]
+    publisher.publish()
+    assert otel_rl_warnings.records == []
+    del master  # the store's server is gone
+    for _ in range(3):
+        publisher.publish()
+    said = [r.getMessage() for r in otel_rl_warnings.records if "state cannot be" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"the torch.distributed store at 127.0.0.1:{port}" in said[0]
+    found = publisher.read([board])
+    assert found.unreadable and found.unreadable[0].startswith(
+        f"the torch.distributed store at 127.0.0.1:{port} could not be read ("
+    )
+    verdict = job_verdict(found, time.time())
+    assert verdict.missing == verdict.unknown == found.unreadable
+    assert [s["rank"] for s in found.states] == [1]  # its own state, made at the reading
+
+
+class _SilentServer:
+    """Accepts connections and reads the request, and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+# The training thread (the main one, inside a timer) waits on a URL with credentials; the
+# publisher's thread publishes until its state names an HTTP wait.
+_WAITS_ON_A_URL = textwrap.dedent("""
+    import contextlib, json, sys, threading, time
+    import requests
+    from pathlib import Path
+    from otel_rl.telemetry.timing import Timer
+    from otel_rl.watch.job_state import DirectoryBoard, StatePublisher
+
+    url, directory = sys.argv[1], Path(sys.argv[2])
+    board = DirectoryBoard(directory)
+    publisher = StatePublisher(lambda: (3, time.time()), role="reward", rank=0)
+    publisher.boards = lambda: [board]
+
+    def publish() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            publisher.publish()
+            state = json.loads(next(directory.glob("*.json")).read_text())
+            if (state.get("wait") or {}).get("kind") == "http":
+                break
+            time.sleep(0.1)
+        print("published", flush=True)
+
+    threading.Thread(target=publish, daemon=True).start()
+    with Timer(lambda _: None, name="reward"), contextlib.suppress(OSError):
+        requests.post(url, json={"prompt": "2+2"}, timeout=90)  # the credentials go as a header
+""")
+
+
+def test_a_wait_on_a_url_with_a_password_publishes_the_host_never_the_password(tmp_path):
+    """A process waits on ``http://user:secret@host/…`` with ``requests`` (a real server that
+    never answers):
+    the state it publishes to a directory board names the host, and no byte of it holds the
+    password."""
+    server = _SilentServer()
+    url = f"http://trainer:s3cr3t-pass-word@127.0.0.1:{server.port}/v1/reward"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    waiting = subprocess.Popen([sys.executable, "-c", _WAITS_ON_A_URL, url, str(tmp_path / "job")],
+                               stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert waiting.stdout is not None and waiting.stdout.readline().strip() == "published"
+    finally:
+        waiting.kill()
+        waiting.communicate(timeout=30)
+        server.close()
+    (path,) = (tmp_path / "job").glob("*.json")
+    state = json.loads(path.read_text())
+    assert state["wait"]["kind"] == "http", state
+    assert state["wait"]["host"] == f"127.0.0.1:{server.port}"
+    assert f"127.0.0.1:{server.port}/v1/reward" in state["wait"]["words"]
+    assert state["phase"] == "reward" and state["pid"] == waiting.pid
+    assert b"s3cr3t-pass-word" not in path.read_bytes()
+    found = JobStates()
+    found.states = [state]
+    assert "s3cr3t" not in job_verdict(found, time.time()).sentence
