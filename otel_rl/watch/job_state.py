@@ -10,9 +10,9 @@ The states go to places the job already reaches, with no server of their own (a
 :class:`Board`): the ``torch.distributed`` store of a torchrun or ``init_process_group`` job
 (through a client of its own with a short timeout, so that a store that is down never holds a
 caller: the job's own store client waits up to the process group's 30 minutes), and a shared
-directory where that is all there is. The
-training thread never waits for any of it: it is read from the live frames, as the verdict reads
-them. A board that fails is said once, and costs the job nothing else.
+directory where that is all there is. The training thread never waits for any of it: the state
+is read from the live frames, as the verdict reads them. A board that fails is said once, and
+costs the job nothing else.
 
 The process that sees a stall reads every state and compares them
 (:mod:`otel_rl.watch.job_verdict`).
@@ -27,6 +27,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -34,7 +35,9 @@ from typing import Any, Protocol
 
 from otel_rl.core.redaction import redact_text
 from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.telemetry.timing import open_phases, phase_history
 from otel_rl.watch.locks import where as _where
+from otel_rl.watch.stalls import open_phases_with_deadlines
 from otel_rl.watch.verdict import _frames, _user_frame, group_name, recognise, training_thread
 
 __all__ = [
@@ -115,8 +118,9 @@ def _identity(role: str | None, rank: int | None) -> dict[str, Any]:
             actor = context.get_actor_id()
             if actor:
                 out["actor_id"] = actor
-                with contextlib.suppress(Exception):
-                    out["actor"] = type(context.current_actor).__name__
+                with contextlib.suppress(Exception):  # the class, as Ray's own tools name it
+                    descriptor = context.current_actor._ray_actor_creation_function_descriptor
+                    out["actor"] = str(descriptor.class_name)
             ip = ray.util.get_node_ip_address()
             if ip:
                 out["ip"] = ip
@@ -162,7 +166,6 @@ def process_state(
 ) -> dict[str, Any]:
     """This process's state now (read on the calling thread, never the training thread's):
     ``step_at`` is the Unix time ``step`` was last logged."""
-    from otel_rl.telemetry.timing import open_phases
     now, mono = time.time(), time.monotonic()
     phases = open_phases()
     ident = training_thread(phases)
@@ -180,7 +183,7 @@ def process_state(
         if frames:
             line = _text(_where(_user_frame(frames)))
             state["at"], state["at_since"] = line, since.of("at", line, now)
-        wait = recognise(frame)
+        wait = recognise(frame, user_locals=False)  # every 5 s: the program's locals untouched
     except Exception:  # a frame torn down meanwhile: this publication goes without it
         wait = None
     finally:
@@ -317,6 +320,22 @@ def _key(state: Mapping[str, Any]) -> str:
 # ---- the thread that publishes -----------------------------------------------------------------
 
 
+def _weakly(
+    activity: Callable[[], tuple[int | None, float | None]],
+) -> Callable[[], tuple[int | None, float | None]]:
+    """``activity`` without keeping its object alive: the publisher lives as long as the process,
+    a ``Logger`` or ``WorkerMetrics`` does not; once it is gone, no step is known."""
+    if not hasattr(activity, "__self__"):
+        return activity
+    method = weakref.WeakMethod(activity)
+
+    def call() -> tuple[int | None, float | None]:
+        bound = method()
+        return (None, None) if bound is None else bound()
+
+    return call
+
+
 class JobStates:
     """What the comparing process read: every state found, the ranks that never published, and
     what could not be read (each board's failure, in words)."""
@@ -345,20 +364,19 @@ class StatePublisher:
         phase_after: float = 30.0,
         factor: float = 10.0,
     ) -> None:
-        self._activity = activity
+        self._activity = _weakly(activity)
         self._role, self._rank = role, rank
         self._directory = None if directory is None else DirectoryBoard(directory)
         self._phase_after, self._factor = phase_after, factor
         self._since = _Since()
         self._boards: dict[str, Any] = {}
         self._failed: set[str] = set()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._lock = threading.Lock()
+        # The boards' clients are used by one thread at a time: the publisher's, a stall
+        # report's publication, the verdict's reading.
+        self._using_boards = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
-        #: Whether a ``Logger`` gives the steps (else the first worker of the process).
-        self.driven = False
 
     def adopt(
         self,
@@ -371,22 +389,14 @@ class StatePublisher:
     ) -> None:
         """A ``Logger`` in a process whose worker published first: the process is its."""
         with self._lock:
-            self._activity, self._role, self._rank = activity, role, rank
+            self._activity, self._role, self._rank = _weakly(activity), role, rank
             if directory is not None:
                 self._directory = DirectoryBoard(directory)
-            self._phase_after, self._factor, self.driven = phase_after, factor, True
+            self._phase_after, self._factor = phase_after, factor
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="otel-rl-job-state", daemon=True)
         self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-
-    def publish_now(self) -> None:
-        """Publish at once (a phase of this process passed its deadline)."""
-        self._wake.set()
 
     def boards(self) -> list[Any]:
         found: list[Any] = []
@@ -410,13 +420,14 @@ class StatePublisher:
             return
         state = self.state()
         payload = json.dumps(state, default=str).encode()
-        for board in boards:
-            try:
-                board.put(_key(state), payload)
-            except Exception as exc:
-                self._say_once(board, "published to", exc)
-            else:
-                self._failed.discard(board.where)
+        with self._using_boards:
+            for board in boards:
+                try:
+                    board.put(_key(state), payload)
+                except Exception as exc:
+                    self._say_once(board, "published to", exc)
+                else:
+                    self._failed.discard(board.where)
 
     def read(self, boards: Iterable[Any] | None = None) -> JobStates:
         """Every state on this job's boards (this process's own made now), merged by process."""
@@ -424,7 +435,8 @@ class StatePublisher:
         merged: dict[tuple[Any, Any], dict[str, Any]] = {}
         for board in self.boards() if boards is None else boards:
             try:
-                states, missing = board.read()
+                with self._using_boards:
+                    states, missing = board.read()
             except Exception as exc:
                 found.unreadable.append(f"{board.where} could not be read "
                                         f"({type(exc).__name__}: {_text(exc)})")  # fmt: skip
@@ -457,9 +469,6 @@ class StatePublisher:
     def _next_deadline(self) -> float | None:
         """Seconds until an open phase of this process passes its stall deadline, if sooner
         than the next publication."""
-        from otel_rl.telemetry.timing import open_phases, phase_history
-        from otel_rl.watch.stalls import open_phases_with_deadlines
-
         _, step_at = self._activity()
         last = None if step_at is None else time.monotonic() - (time.time() - step_at)
         watched = open_phases_with_deadlines(
@@ -472,8 +481,8 @@ class StatePublisher:
     def _run(self) -> None:
         # Not at once: the process is still starting this thread, and would be told waiting
         # for it.
-        self._wake.wait(FIRST_AFTER)
-        while not self._stop.is_set():
+        time.sleep(FIRST_AFTER)
+        while True:  # for the life of the process (a daemon thread)
             try:
                 self.publish()
             except Exception as exc:  # the publisher must outlive any bug of its own
@@ -483,8 +492,7 @@ class StatePublisher:
                 due = self._next_deadline()
                 if due is not None:
                     wait = min(wait, due + 0.05)  # just past it: the phase is then overdue
-            self._wake.wait(wait)
-            self._wake.clear()
+            time.sleep(wait)
 
 
 # ---- one publisher per process -----------------------------------------------------------------
@@ -522,7 +530,6 @@ def publisher_of_this_process(
         if publisher is None:
             publisher = StatePublisher(activity, role=role, rank=rank, directory=directory,
                                        phase_after=phase_after, factor=factor)  # fmt: skip
-            publisher.driven = driver
             _PUBLISHERS.clear()  # a parent's, inherited through fork, is not this process's
             _PUBLISHERS[pid] = publisher
             publisher.start()

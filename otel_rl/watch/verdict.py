@@ -154,23 +154,29 @@ def _locals(frame: FrameType) -> Mapping[str, Any]:
         return {}
 
 
-def recognise(frame: FrameType | None) -> _Wait | None:
+def recognise(frame: FrameType | None, user_locals: bool = True) -> _Wait | None:
     """What the thread whose innermost frame is ``frame`` waits on, from its frames' code and
-    locals; ``None`` for an empty stack."""
+    locals; ``None`` for an empty stack. Without ``user_locals`` only the locals of the libraries'
+    own frames are read (which end with the wait), never those of the program's frames: reading
+    a frame's locals from another thread leaves a copy of them on the frame, holding what the
+    program has since let go (a batch, a tensor) until it reads them again. Locks are then not
+    recognised."""
     frames = _frames(frame)
     if not frames:
         return None
-    for find in (_ray_wait, _collective_wait, _http_wait, _subprocess_wait, _loop_wait,
-                 _sync_wait):  # fmt: skip
+    for find in (_ray_wait, _collective_wait, _http_wait, _subprocess_wait, _loop_wait):
         found = find(frames)
         if found is not None:
             return found
+    found = _sync_wait(frames, user_locals)
+    if found is not None:
+        return found
     code = _user_frame(frames)
     line = linecache.getline(code.f_code.co_filename, code.f_lineno).split("  #")[0].strip()
     words = f"{_where(code)}" + (f": {line}" if line else "")
     wait = _Wait("code", words, "its Python stack (no known wait recognised in it)")
     try:
-        unread = locks.unread(frames[0])
+        unread = locks.unread(frames[0]) if user_locals else None
     except Exception:  # reading the frame's source and bytecode
         unread = None
     if unread is not None:
@@ -393,11 +399,17 @@ def _subprocess_wait(frames: list[FrameType]) -> _Wait | None:
     return None
 
 
-def _sync_wait(frames: list[FrameType]) -> _Wait | None:
+_SYNC_MODULES = ("/queue.py", "/threading.py", "/concurrent/futures/", "/multiprocessing/")
+
+
+def _sync_wait(frames: list[FrameType], user_locals: bool = True) -> _Wait | None:
     outer: _Wait | None = None
     for frame in frames:  # the outermost recognised wait names what the code called
         name = frame.f_code.co_name
-        this = _locals(frame).get("self")
+        library = _in(frame, *_SYNC_MODULES)
+        if not (library or user_locals):
+            continue
+        this = _locals(frame).get("self") if library else None
         kind = type(this).__name__
         if _in(frame, "/queue.py") and name in ("get", "put", "join"):
             # the standard library's own qsize only: a subclass's may do anything, even block

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from otel_rl.watch.job_state import (
+    DirectoryBoard,
     JobStates,
     StatePublisher,
     TorchStoreBoard,
@@ -292,3 +293,29 @@ def test_a_wait_on_a_url_with_a_password_publishes_the_host_never_the_password(t
     found = JobStates()
     found.states = [state]
     assert "s3cr3t" not in job_verdict(found, time.time()).sentence
+
+
+def test_a_state_stays_small_whatever_the_program_names_and_keeps_nothing_alive(tmp_path):
+    """A timer named with 10,000 characters: the published state stays a few hundred bytes. The
+    publisher outlives the object that gave its steps without keeping it: then no step."""
+    import gc
+
+    from otel_rl.telemetry.timing import Timer
+
+    class Loop:
+        def activity(self) -> tuple[int | None, float | None]:
+            return 41, time.time()
+
+    loop = Loop()
+    board = DirectoryBoard(tmp_path / "job")
+    publisher = StatePublisher(loop.activity, role="trainer", rank=5)
+    publisher.boards = lambda: [board]  # type: ignore[method-assign]
+    with Timer(lambda _: None, name="x" * 10_000):
+        publisher.publish()
+    (path,) = (tmp_path / "job").glob("*.json")
+    state = json.loads(path.read_text())
+    assert state["step"] == 41 and state["phase"] == "x" * 299 + "…"
+    assert path.stat().st_size < 2_000
+    del loop
+    gc.collect()
+    assert publisher.state()["step"] is None
