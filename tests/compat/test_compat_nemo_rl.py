@@ -99,10 +99,15 @@ def test_grpo_script_writes_nemo_rl_tags_and_values(log_dir):
         logger = Logger(cfg)
         logger.log_hyperparams({"grpo": {"num_prompts_per_step": 32}, "policy": {"lr": 5e-6}})
         timer = Timer()
+        # each generation block's wall time as measured around it: the anatomy's reading of
+        # the same block lies between the sleep and this, however loaded the machine
+        around: dict[int, float] = {}
         for step in range(1, 9):
             with timer.time("total_step_time"):
+                began = time.perf_counter()
                 with timer.time("generation"):
                     time.sleep(0.05)
+                around[step] = time.perf_counter() - began
                 timer.record("policy_training", 0.125 * step)
                 timer.record("policy_training", 0.5)
             train = {"loss": 1.0 / step, "reward": 0.1 * step, "grad_norm": 2.0 ** -step,
@@ -143,7 +148,8 @@ def test_grpo_script_writes_nemo_rl_tags_and_values(log_dir):
     generation = scalars["anatomy/total_step_time/generation/seconds"]
     logged = sorted({step for step, _ in scalars["timing/train/policy_training"]})
     assert [step for step, _ in generation] == logged
-    assert all(0.05 <= seconds < 0.1 for _, seconds in generation)
+    assert all(0.05 <= seconds <= around[step] + 1e-6 for step, seconds in generation), (
+        generation, around)
     assert training == expected
     assert "train/advantages/0" not in scalars
 
