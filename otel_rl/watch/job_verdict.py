@@ -162,6 +162,15 @@ def _position(state: Mapping[str, Any]) -> tuple[Any, Any]:
     return state.get("phase"), (wait or {}).get("kind") or state.get("at")
 
 
+def _position_words(state: Mapping[str, Any]) -> str:
+    """Where the most of a role are: ``inside rollout, waiting on Queue.get``."""
+    wait = state.get("wait") if isinstance(state.get("wait"), Mapping) else None
+    parts = [f"inside {' > '.join(str(state['phase']).split('/'))}" if state.get("phase")
+             else "outside any timer"]  # fmt: skip
+    parts.append(f"waiting on {wait['words']}" if wait else f"at {state.get('at')}")
+    return ", ".join(parts)
+
+
 def _role_odd_ones(
     alive: Sequence[Mapping[str, Any]], named: set[tuple[Any, Any]], now: float
 ) -> tuple[list[str], list[dict[str, Any]]]:
@@ -183,8 +192,8 @@ def _role_odd_ones(
             continue
         alike = [s for s in peers if _position(s) == most]
         sentences.append(
-            f"{'; '.join(f'{name_of(s)} {_where_is(s, now)}' for s in others)}, "
-            f"not where {_names(alike)} are ({_where_is(alike[0], now).split('; as it')[0]})"
+            f"{'; '.join(f'{name_of(s)} {_where_is(s, now)}' for s in others)}; not where "
+            f"{_names(alike)} are ({_position_words(alike[0])})"
         )
         odd += [_summary(s, now) for s in others]
     return sentences, odd

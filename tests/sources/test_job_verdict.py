@@ -319,3 +319,39 @@ def test_a_state_stays_small_whatever_the_program_names_and_keeps_nothing_alive(
     del loop
     gc.collect()
     assert publisher.state()["step"] is None
+
+
+def test_of_a_role_the_one_not_where_the_most_are_is_named():
+    """Four rollout workers outside any collective: three wait on their queue inside
+    ``rollout``, one sits in ``score`` inside ``reward``. The comparison alone, on the states as
+    their processes publish them."""
+    now = time.time()
+
+    def state(rank: int, phase: str, wait: dict | None, at: str) -> dict:
+        return {"role": "rollout", "rank": rank, "pid": 100 + rank, "node": f"n{rank % 2}",
+                "step": 9, "step_at": now - 50, "published": now - 1, "every": 5.0,
+                "phase": phase, "phase_since": now - 40, "at": at, "at_since": now - 40,
+                "wait": wait, "collectives": {}}  # fmt: skip
+
+    queue = {"kind": "sync", "words": "Queue.get (0 items queued)", "since": now - 40}
+    found = JobStates()
+    found.states = [
+        state(0, "rollout", queue, "collect (loop.py:20)"),
+        state(1, "rollout", queue, "collect (loop.py:20)"),
+        state(2, "reward", None, "score (reward.py:12)"),
+        state(3, "rollout", queue, "collect (loop.py:20)"),
+    ]
+    verdict = job_verdict(found, now)
+    assert verdict.sentence == (
+        "rollout rank 2 is at score (reward.py:12) (40 s), inside reward for 40 s, last step 9, "
+        "pid 102 on n0; as it said 1 s ago; not where rollout ranks 0, 1, 3 are (inside "
+        "rollout, waiting on Queue.get (0 items queued))"
+    )
+    (odd,) = verdict.odd_ones_out
+    assert (odd["rank"], odd["at"], odd["phase"]) == (2, "score (reward.py:12)", "reward")
+    assert verdict.not_heard_from == [] and verdict.missing == []
+    # the same four when one has not published for a minute: it is not heard from, not odd
+    found.states[2]["published"] = now - 60
+    verdict = job_verdict(found, now)
+    assert verdict.odd_ones_out == [] and [p["rank"] for p in verdict.not_heard_from] == [2]
+    assert verdict.sentence.startswith("rollout rank 2 (pid 102 on n0) has not been heard from ")
