@@ -128,10 +128,11 @@ def test_four_actors_merge_into_exact_rows_via_results_and_the_aggregator(ray_cl
         assert row["train/timing/generate/slowest_rank"] == N_ACTORS - 1
         # the step's anatomy: the trainers' own timer seconds (each snapshot counted once,
         # though logged under two prefixes); the driver timed nothing, so its link is untimed
+        # (the timer's histogram and the phase clock read the same block with clock reads of
+        # their own: on a loaded machine they part by a scheduling delay, a few milliseconds)
         wall = row["anatomy/wall/seconds"]
-        assert row["anatomy/trainer/busy_fraction"] == pytest.approx(
-            statistics.median(times) / wall, rel=0.01
-        )
+        busy = row["anatomy/trainer/busy_fraction"] * wall
+        assert busy == pytest.approx(statistics.median(times), abs=0.005)
         assert row["anatomy/trainer/busiest_rank"] == N_ACTORS - 1
         critical = row["anatomy/critical/trainer/generate/seconds"]
         assert critical == pytest.approx(max(times), rel=0.01)
