@@ -4,7 +4,8 @@ Every process otel-rl runs in (the driver's ``Logger``, each ``WorkerMetrics``) 
 state — role and rank, pid, node, last step, open timer path, the innermost wait the verdict
 recognises with its target, one line of stack, the collectives it entered on each process group,
 and since when each was true — and publishes it on a thread of its own every
-:data:`PUBLISH_EVERY` seconds, and at once when one of its phases passes its stall deadline.
+:data:`PUBLISH_EVERY` seconds (a process with a ``Logger`` also at once when its stall report
+begins, and each publisher just after one of its phases passes its stall deadline).
 
 The states go to places the job already reaches, with no server of their own (a
 :class:`Board`): the ``torch.distributed`` store of a torchrun or ``init_process_group`` job

@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from otel_rl.watch.job_state import (
 )
 from otel_rl.watch.job_verdict import job_verdict
 from testkit.servers import free_port
+from tests.sources.test_verdict import SilentServer
 
 # Rank 0 logs with a Logger on the default config; the others record with WorkerMetrics. Every
 # rank syncs three steps; at the fourth, rank ``odd`` either sits in a named function (``sleep``)
@@ -214,29 +213,6 @@ def test_a_closed_store_is_said_once_by_the_publisher_and_in_the_verdict(otel_rl
     assert [s["rank"] for s in found.states] == [1]  # its own state, made at the reading
 
 
-class _SilentServer:
-    """Accepts connections and reads the request, and never answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-
-    def close(self) -> None:
-        for conn in self.held:
-            conn.close()
-        self.sock.close()
-
-
 # The training thread (the main one, inside a timer) waits on a URL with credentials; the
 # publisher's thread publishes until its state names an HTTP wait.
 _WAITS_ON_A_URL = textwrap.dedent("""
@@ -272,7 +248,7 @@ def test_a_wait_on_a_url_with_a_password_publishes_the_host_never_the_password(t
     never answers):
     the state it publishes to a directory board names the host, and no byte of it holds the
     password."""
-    server = _SilentServer()
+    server = SilentServer()  # never answers until hung up
     url = f"http://trainer:s3cr3t-pass-word@127.0.0.1:{server.port}/v1/reward"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     waiting = subprocess.Popen([sys.executable, "-c", _WAITS_ON_A_URL, url, str(tmp_path / "job")],
@@ -282,7 +258,7 @@ def test_a_wait_on_a_url_with_a_password_publishes_the_host_never_the_password(t
     finally:
         waiting.kill()
         waiting.communicate(timeout=30)
-        server.close()
+        server.hang_up()
     (path,) = (tmp_path / "job").glob("*.json")
     state = json.loads(path.read_text())
     assert state["wait"]["kind"] == "http", state
