@@ -27,6 +27,25 @@ os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="otel-rl-trackio-")
 # ---- W&B -------------------------------------------------------------------------------------
 
 
+def wandb_offline_env(monkeypatch: Any, directory: Path, *, mode: str | None = "offline") -> None:
+    """Point W&B at ``directory`` with no account or network (``mode=None``: the test's config
+    chooses the mode), and make its next run read this environment.
+
+    W&B reads its environment once per process, when its first run begins: without the
+    teardown, a run an earlier test began with other variables would lend this one its mode.
+    """
+    if mode is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", mode)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.setenv(name, str(directory / name.lower()))
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+
+
 @dataclass
 class WandbRun:
     run_id: str

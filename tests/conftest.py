@@ -95,10 +95,8 @@ def otel_rl_warnings(caplog):
 def offline_trackers(monkeypatch, tmp_path):
     """W&B and SwanLab offline, their files and settings under ``tmp_path`` (no account, no
     network: read back with their own readers, testkit/tracker_readers.py)."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
-    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    from testkit.tracker_readers import wandb_offline_env
+
+    wandb_offline_env(monkeypatch, tmp_path)
     monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
     monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab-root"))

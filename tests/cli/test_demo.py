@@ -124,14 +124,16 @@ def test_demo_names_every_trackers_run_and_how_to_open_it(tmp_path, monkeypatch)
     pytest.importorskip("clearml")
     from mlflow import MlflowClient
 
-    from testkit.tracker_readers import read_swanlab, read_trackio, read_wandb, wandb_number
+    from testkit.tracker_readers import (
+        read_swanlab,
+        read_trackio,
+        read_wandb,
+        wandb_number,
+        wandb_offline_env,
+    )
     from tests.exporters.test_clearml_exporter import read_clearml_session
 
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
-    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
-    monkeypatch.delenv("WANDB_MODE", raising=False)
+    wandb_offline_env(monkeypatch, tmp_path, mode=None)
     monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
     monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab-root"))
     monkeypatch.setenv("CLEARML_CACHE_DIR", str(tmp_path / "clearml"))

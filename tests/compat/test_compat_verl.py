@@ -117,7 +117,7 @@ def test_every_tracker_from_env_vars_with_validation_generations(workdir, monkey
     pytest.importorskip("mlflow")
     from mlflow import MlflowClient
 
-    from testkit.tracker_readers import read_swanlab, read_wandb, wandb_run_dirs
+    from testkit.tracker_readers import read_swanlab, read_wandb, wandb_offline_env, wandb_run_dirs
 
     uri = f"sqlite:///{(workdir / 'mlflow.db').as_posix()}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -126,12 +126,8 @@ def test_every_tracker_from_env_vars_with_validation_generations(workdir, monkey
     monkeypatch.setenv("SWANLAB_MODE", "offline")
     monkeypatch.setenv("SWANLAB_LOG_DIR", str(workdir / "swanlog"))
     monkeypatch.setenv("SWANLAB_ROOT", str(workdir / "swanlab-root"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    wandb_offline_env(monkeypatch, workdir)
     monkeypatch.setenv("WANDB_DIR", str(workdir / "wandb-root"))
-    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.setenv(name, str(workdir / name.lower()))
     # An MLflow run created by the platform: MLFLOW_RUN_ID attaches to it.
     client = MlflowClient(tracking_uri=uri)
     experiment = client.create_experiment("platform")

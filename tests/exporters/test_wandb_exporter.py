@@ -14,16 +14,12 @@ pytest.importorskip("wandb")
 
 from otel_rl import Logger
 from otel_rl.core.records import StepBatch
-from testkit.tracker_readers import read_wandb, wandb_number, wandb_run_dirs
+from testkit.tracker_readers import read_wandb, wandb_number, wandb_offline_env, wandb_run_dirs
 
 
 @pytest.fixture
 def wandb_offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
-    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    wandb_offline_env(monkeypatch, tmp_path)
     return tmp_path / "logs"
 
 

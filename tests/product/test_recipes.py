@@ -419,16 +419,12 @@ def nemo_grpo_tree(validate: bool, save: bool) -> tuple:
 @pytest.mark.slow
 def test_nemo_rl_recipe(workdir, collector, gpu_node, ray_engine, monkeypatch):
     from otel_rl.compat.nemo_rl import Logger, Timer
-    from testkit.tracker_readers import read_wandb, wandb_run_dirs
+    from testkit.tracker_readers import read_wandb, wandb_offline_env, wandb_run_dirs
     from tests.sources.test_rollout_ray_source import recording_ops
 
     ray, engine, node_page = ray_engine
     # W&B without a network, as on a cluster without internet access (wandb sync uploads later)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
-    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.setenv(name, str(workdir / name.lower()))
+    wandb_offline_env(monkeypatch, workdir)
 
     # The experiment YAML: NeMo RL's sections, and the recipe's logger section as the page has it.
     experiment = OmegaConf.create({
