@@ -101,6 +101,9 @@ class Timer:
         if tracer is not None:
             self._spans[label] = TimerSpan(tracer, label)
         timer_opened(label, self)
+        from otel_rl.watch.job_state import publish_from_a_worker  # at first use: ~35 ms
+
+        publish_from_a_worker()  # a worker's timer: its process says where it is
         self._start_times[label] = time.perf_counter()
         if should_log:
             self._debug(label, "start")

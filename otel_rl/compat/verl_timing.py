@@ -30,6 +30,9 @@ def simple_timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[
     tracer = ambient_tracer()
     span = None if tracer is None else TimerSpan(tracer, name)
     timer_opened(name)
+    from otel_rl.watch.job_state import publish_from_a_worker  # at first use: ~35 ms
+
+    publish_from_a_worker()  # a worker's timer: its process says where it is
     start = time.perf_counter()
     try:
         yield

@@ -8,10 +8,11 @@ and since when each was true — and publishes it on a thread of its own every
 begins, and each publisher just after one of its phases passes its stall deadline).
 
 The states go to places the job already reaches, with no server of their own (a
-:class:`Board`): the ``torch.distributed`` store of a torchrun or ``init_process_group`` job
-(through a client of its own with a short timeout, so that a store that is down never holds a
-caller: the job's own store client waits up to the process group's 30 minutes), and a shared
-directory where that is all there is. The training thread never waits for any of it: the state
+:class:`Board`): Ray's own key-value store in its GCS for a Ray job's driver and actors, the
+``torch.distributed`` store of a torchrun or ``init_process_group`` job (through a client of its
+own with a short timeout, so that a store that is down never holds a caller: the job's own store
+client waits up to the process group's 30 minutes), and a shared directory where that is all
+there is. The training thread never waits for any of it: the state
 is read from the live frames, as the verdict reads them. A board that fails is said once, and
 costs the job nothing else.
 
@@ -46,10 +47,12 @@ __all__ = [
     "Board",
     "DirectoryBoard",
     "JobStates",
+    "RayBoard",
     "StatePublisher",
     "TorchStoreBoard",
     "collective_counts",
     "process_state",
+    "publish_from_a_worker",
 ]
 
 #: Seconds between two publications of a process's state (and the age past which the comparing
@@ -119,16 +122,17 @@ def _identity(role: str | None, rank: int | None) -> dict[str, Any]:
             actor = context.get_actor_id()
             if actor:
                 out["actor_id"] = actor
-                with contextlib.suppress(Exception):  # the class, as Ray's own tools name it
+                with contextlib.suppress(Exception):  # the class, as Ray names its tasks
                     descriptor = context.current_actor._ray_actor_creation_function_descriptor
-                    out["actor"] = str(descriptor.class_name)
+                    out["actor"] = str(descriptor.class_name).rsplit(".", 1)[-1]
             ip = ray.util.get_node_ip_address()
             if ip:
                 out["ip"] = ip
     if rank is None:
         rank = out.get("world_rank")
     if role is None:
-        role = "rank" if rank is not None else "driver" if "node_id" in out else "process"
+        role = ("rank" if rank is not None else "actor" if "actor_id" in out
+                else "driver" if "node_id" in out else "process")  # fmt: skip
     out["role"], out["rank"] = role, rank
     return out
 
@@ -211,7 +215,7 @@ class Board(Protocol):
     #: How it is named in a message: "the torch.distributed store at 127.0.0.1:29500".
     where: str
 
-    def put(self, key: str, payload: bytes) -> None: ...
+    def put(self, state: Mapping[str, Any], payload: bytes) -> None: ...
 
     def read(self) -> tuple[list[dict[str, Any]], list[str]]: ...
 
@@ -235,9 +239,9 @@ class DirectoryBoard:
         self.where = f"the directory {self.directory}"
         self._started = time.time() if started is None else started
 
-    def put(self, key: str, payload: bytes) -> None:
+    def put(self, state: Mapping[str, Any], payload: bytes) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"{key.replace('/', '_')}.json"
+        path = self.directory / f"{_key(state).replace('/', '_')}.json"
         part = path.with_name(f".{path.name}.{os.getpid()}.part")
         part.write_bytes(payload)
         os.replace(part, path)
@@ -282,6 +286,10 @@ class TorchStoreBoard:
 
     def _client(self) -> Any:
         if self._store is None:
+            # A plain connection first: a store that is down then costs a refused connect,
+            # where c10d's client would retry for its whole timeout and log each try, with a
+            # C++ stack, to the job's stderr.
+            socket.create_connection((self.host, self.port), timeout=BOARD_TIMEOUT).close()
             import torch.distributed as dist
 
             self._store = dist.TCPStore(  # type: ignore[attr-defined]
@@ -290,9 +298,9 @@ class TorchStoreBoard:
             )  # fmt: skip
         return self._store
 
-    def put(self, key: str, payload: bytes) -> None:
+    def put(self, state: Mapping[str, Any], payload: bytes) -> None:
         try:
-            self._client().set(_KEY_PREFIX + key, payload)
+            self._client().set(_KEY_PREFIX + _key(state), payload)
         except Exception:
             self._store = None  # a new connection next time: the store may be back
             raise
@@ -309,6 +317,82 @@ class TorchStoreBoard:
             if state is not None:
                 states.append(state)
         return states, missing
+
+
+class RayBoard:
+    """Ray's own key-value store, in the GCS every process of a Ray cluster reaches: one key per
+    actor (and one for the driver) under the job's id, so that two worker groups whose process
+    groups both have a rank 0 keep a key each.
+
+    Only the driver and actors publish here: a task's worker outlives the task, and Ray could
+    not say that the task behind a silent state had simply ended. The states of actors Ray
+    reports dead are not read (and their keys are removed): a killed actor the driver waits on
+    fails the driver's ``ray.get`` instead. Ray's internal client is used for its timeout (its
+    public ``internal_kv`` functions take none) and its actor table for liveness, which needs no
+    dashboard; both are Ray's developer APIs, and a Ray without them leaves the board out.
+    """
+
+    NAMESPACE = b"otel_rl_job"
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.where = f"Ray's key-value store (job {job_id})"
+        self._prefix = f"{job_id}/".encode()
+
+    @classmethod
+    def of_this_job(cls) -> RayBoard | None:
+        """The board of the Ray job this process is the driver or an actor of."""
+        ray = sys.modules.get("ray")
+        try:
+            if ray is None or not ray.is_initialized():
+                return None
+            context = ray.get_runtime_context()
+            if context.worker.mode != ray.SCRIPT_MODE and not context.get_actor_id():
+                return None  # a task's worker
+            return cls(str(context.get_job_id()))
+        except Exception:
+            return None
+
+    @staticmethod
+    def _gcs() -> Any:
+        from ray._private.worker import global_worker
+
+        return global_worker.gcs_client  # type: ignore[attr-defined]
+
+    def put(self, state: Mapping[str, Any], payload: bytes) -> None:
+        who = state.get("actor_id") or f"driver-{state.get('pid')}"
+        self._gcs().internal_kv_put(self._prefix + str(who).encode(), payload, True,
+                                    self.NAMESPACE, timeout=BOARD_TIMEOUT)  # fmt: skip
+
+    def read(self) -> tuple[list[dict[str, Any]], list[str]]:
+        gcs = self._gcs()
+        keys = gcs.internal_kv_keys(self._prefix, self.NAMESPACE, timeout=BOARD_TIMEOUT)
+        if not keys:
+            return [], []
+        values = gcs.internal_kv_multi_get(keys, self.NAMESPACE, timeout=BOARD_TIMEOUT)
+        dead = self._dead_actors()
+        states = []
+        for key, payload in values.items():
+            state = _decode(payload)
+            if state is None:
+                continue
+            if state.get("actor_id") in dead:
+                with contextlib.suppress(Exception):
+                    gcs.internal_kv_del(key, False, self.NAMESPACE, timeout=BOARD_TIMEOUT)
+                continue
+            states.append(state)
+        return states, []
+
+    def _dead_actors(self) -> set[str]:
+        try:
+            import ray
+            from ray._private import state as ray_state
+
+            dead = ray_state.actors(job_id=ray.JobID.from_hex(self.job_id),
+                                    actor_state_name="DEAD")  # fmt: skip
+            return set(dead)
+        except Exception:  # liveness unknown: every state is read, a dead one as silent
+            return set()
 
 
 def _key(state: Mapping[str, Any]) -> str:
@@ -401,7 +485,7 @@ class StatePublisher:
 
     def boards(self) -> list[Any]:
         found: list[Any] = []
-        for board in (TorchStoreBoard.of_this_job(), self._directory):
+        for board in (RayBoard.of_this_job(), TorchStoreBoard.of_this_job(), self._directory):
             if board is None:
                 continue
             found.append(self._boards.setdefault(board.where, board))
@@ -424,7 +508,7 @@ class StatePublisher:
         with self._using_boards:
             for board in boards:
                 try:
-                    board.put(_key(state), payload)
+                    board.put(state, payload)
                 except Exception as exc:
                     self._say_once(board, "published to", exc)
                 else:
@@ -456,6 +540,21 @@ class StatePublisher:
         ranks = {s.get("world_rank") for s in found.states}
         found.missing = [m for m in found.missing if int(m.split()[-1]) not in ranks]
         return found
+
+    def read_fresh(self, since: float, wait: float) -> JobStates:
+        """The states as :meth:`read`, read again until each process still publishing has
+        published after ``since`` (Unix time: when the stall was seen), for at most ``wait``
+        seconds: a state from before the stall would show a process where it was before it."""
+        deadline = time.monotonic() + wait
+        while True:
+            found = self.read()
+            now = time.time()
+            stale = [s for s in found.states
+                     if float(s.get("published") or 0) < since
+                     and now - float(s.get("published") or 0) <= SILENT_AFTER]  # fmt: skip
+            if not stale or time.monotonic() + 0.5 > deadline:
+                return found
+            time.sleep(0.5)
 
     def _say_once(self, board: Any, verb: str, exc: BaseException) -> None:
         if board.where in self._failed:
@@ -537,3 +636,36 @@ def publisher_of_this_process(
         elif driver:  # the latest Logger of the process
             publisher.adopt(activity, role, rank, directory, phase_after, factor)
         return publisher
+
+
+_FROM_A_WORKER_IN: int | None = None
+
+
+def _a_job_s_worker() -> bool:
+    """This process is a Ray actor or a rank of a process group."""
+    dist = sys.modules.get("torch.distributed")
+    ray = sys.modules.get("ray")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return True
+        return bool(ray is not None and ray.is_initialized()
+                    and ray.get_runtime_context().get_actor_id())  # fmt: skip
+    except Exception:
+        return False
+
+
+def _no_step() -> tuple[int | None, float | None]:
+    return None, None
+
+
+def publish_from_a_worker() -> None:
+    """A framework's own timer (the NeMo RL and verl drop-ins') began in this process: in one of
+    a job's workers (a Ray actor, a rank of a process group) that has no ``WorkerMetrics``, the
+    process then publishes its state as a worker's (no step is known). Once per process: after
+    that, a call costs one comparison."""
+    global _FROM_A_WORKER_IN
+    pid = os.getpid()
+    if pid == _FROM_A_WORKER_IN or not _a_job_s_worker():
+        return
+    _FROM_A_WORKER_IN = pid
+    publisher_of_this_process(_no_step)

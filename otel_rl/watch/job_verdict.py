@@ -65,9 +65,12 @@ def _names(states: Sequence[Mapping[str, Any]], by_world_rank: bool = False) -> 
 
 
 def _rank_name(state: Mapping[str, Any]) -> str:
-    """A process in a process group: ``rank 2``, by its rank in the default group."""
+    """A process in a process group, by its rank in the default group: ``rank 2``, or
+    ``TrainerWorker rank 2`` for a Ray actor (its class)."""
     rank = state.get("world_rank")
-    return f"rank {rank}" if isinstance(rank, int) else name_of(state)
+    if not isinstance(rank, int):
+        return name_of(state)
+    return f"{state['actor']} rank {rank}" if state.get("actor") else f"rank {rank}"
 
 
 def _where_is(state: Mapping[str, Any], now: float) -> str:

@@ -22,7 +22,12 @@ from typing import Any
 
 from otel_rl.core.records import Event
 from otel_rl.process.fork_safe_log import log as _log
-from otel_rl.watch.job_state import StatePublisher, publisher_of_this_process, shared_directory
+from otel_rl.watch.job_state import (
+    PUBLISH_EVERY,
+    StatePublisher,
+    publisher_of_this_process,
+    shared_directory,
+)
 from otel_rl.watch.job_verdict import job_verdict
 from otel_rl.watch.stalls import (
     StallReport,
@@ -247,7 +252,10 @@ class RunWatch:
             try:
                 job = None
                 if self.job is not None and self.job.boards():  # one of a job's processes
-                    job = job_verdict(self.job.read(), time.time())
+                    # the others publish every PUBLISH_EVERY s: each is given one round to
+                    # say where it is since the stall began
+                    found = self.job.read_fresh(report.began, min(PUBLISH_EVERY + 1, timeout / 2))
+                    job = job_verdict(found, time.time())
                 verdict = build_verdict(report, timeout=timeout, engines=self._engines, skip=skip,
                                         job=job)  # fmt: skip
                 built.append(verdict.to_json())

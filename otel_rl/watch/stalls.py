@@ -519,8 +519,10 @@ def ray_state_address() -> str | None:
 
 
 def ray_stacks(timeout: float) -> dict[str, Any]:
-    """The stacks of this job's live Ray actors (``py-spy dump`` of each actor's process on this
-    node; through the dashboard elsewhere), or why they cannot be had."""
+    """The stacks of this job's live Ray actors, or why they cannot be had: ``py-spy dump`` of
+    each actor's process on this node; on another node, the same dump run there by that node's
+    Ray agent (asked through the dashboard, which allows it when the head node was started with
+    ``RAY_DASHBOARD_ENABLE_PROFILING=1``)."""
     if "ray" not in sys.modules:
         return {"available": False, "reason": "Ray is not used in this process"}
     import ray
@@ -531,9 +533,11 @@ def ray_stacks(timeout: float) -> dict[str, Any]:
     try:
         from ray.util.state import list_actors
 
-        job = ray.get_runtime_context().get_job_id()
+        context = ray.get_runtime_context()
+        job, here = context.get_job_id(), context.get_node_id()
+        dashboard = ray_state_address()
         actors = list_actors(
-            address=ray_state_address(),
+            address=dashboard,
             filters=[("job_id", "=", job), ("state", "=", "ALIVE")],
             timeout=max(1, int(timeout)),
             raise_on_missing_output=False,
@@ -562,6 +566,14 @@ def ray_stacks(timeout: float) -> dict[str, Any]:
             entry["reason"] = f"stalls.stacks_timeout ({timeout:g} s) ran out"
         elif not pid:
             entry["stack"], entry["reason"] = None, "Ray did not report the actor's pid"
+        elif info.get("node_id") not in (None, here) and dashboard is not None:
+            entry["stack"], why_not = agent_py_spy_dump(dashboard, info["node_id"], int(pid), left)
+            entry["via"] = f"the Ray agent of node {str(info['node_id'])[:8]}…"
+            if why_not and (ip is None or ip in local):  # another raylet of this machine
+                entry["stack"], why_not = py_spy_dump(int(pid), deadline - time.monotonic())
+                entry["via"] = f"py-spy on this machine ({why_not})"
+            if why_not:
+                entry["reason"] = why_not
         elif ip is not None and ip not in local:
             entry["stack"], entry["reason"] = None, f"on another node ({ip}): run py-spy there"
         else:
@@ -570,6 +582,28 @@ def ray_stacks(timeout: float) -> dict[str, Any]:
                 entry["reason"] = why_not
         out["actors"].append(entry)
     return out
+
+
+def agent_py_spy_dump(
+    dashboard: str, node_id: str, pid: int, timeout: float
+) -> tuple[str | None, str | None]:
+    """``py-spy dump`` of ``pid`` run by the Ray agent of node ``node_id``, asked through the
+    dashboard, or ``(None, why not)``."""
+    import requests  # Ray's dashboard (ray[default]) depends on it
+
+    try:
+        reply = requests.get(f"{dashboard.rstrip('/')}/worker/traceback",
+                             params={"node_id": node_id, "pid": str(pid)},
+                             timeout=max(0.5, timeout))  # fmt: skip
+    except requests.RequestException as exc:
+        return None, f"the dashboard did not answer for node {node_id[:8]}… ({exc})"
+    if reply.ok:
+        return reply.text, None
+    said = " ".join(reply.text.split())[:200]
+    if "RAY_DASHBOARD_ENABLE_PROFILING" in reply.text:
+        said = "start the head node with RAY_DASHBOARD_ENABLE_PROFILING=1 to allow it"
+    return None, (f"node {node_id[:8]}…'s Ray agent did not dump pid {pid} "
+                  f"(HTTP {reply.status_code}: {said})")  # fmt: skip
 
 
 def py_spy_dump(pid: int, timeout: float) -> tuple[str | None, str | None]:

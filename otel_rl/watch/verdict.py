@@ -600,6 +600,8 @@ def _actor_function(
         if actor_id and entry.get("actor_id") == actor_id:
             stack = entry.get("stack")
             source = f"py-spy dump of pid {entry.get('pid')} at report time"
+            if entry.get("via"):
+                source += f" by {entry['via']}"
             if stack is None:
                 return None, f"no stack of the actor: {entry.get('reason')}"
     if stack is None:

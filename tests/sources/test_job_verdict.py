@@ -28,25 +28,51 @@ from tests.sources.test_verdict import SilentServer
 
 # Rank 0 logs with a Logger on the default config; the others record with WorkerMetrics. Every
 # rank syncs three steps; at the fourth, rank ``odd`` either sits in a named function (``sleep``)
-# or is killed (``kill``) instead of joining the all_reduce.
+# or is killed (``kill``) instead of joining the all_reduce. ``nemo`` and ``verl`` run the same
+# through a framework's drop-ins: rank 0 logs with its logger, every rank times with its timer.
 _RANK = textwrap.dedent("""
-    import os, pathlib, signal, sys, time
+    import contextlib, os, pathlib, signal, sys, time
     import torch
     import torch.distributed as dist
 
     rank, port, log_dir = int(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
-    odd, how = int(sys.argv[4]), sys.argv[5]
+    odd, how, flavour = int(sys.argv[4]), sys.argv[5], sys.argv[6]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=4)
-    if rank == 0:
+    if flavour == "nemo":
+        from otel_rl.compat.nemo_timer import Timer
+        timer = Timer()
+        sync = lambda: timer.time("sync")
+        if rank == 0:
+            from otel_rl.compat.nemo_rl import Logger
+            logger = Logger({"log_dir": str(log_dir), "wandb_enabled": False,
+                             "tensorboard_enabled": False, "mlflow_enabled": False,
+                             "swanlab_enabled": False, "monitor_gpus": False})
+            log = lambda step: logger.log_metrics({"loss": float(step)}, step, prefix="train")
+    elif flavour == "verl":
+        from otel_rl.compat.verl_timing import marked_timer
+        timing_raw = {}
+        sync = lambda: marked_timer("sync", timing_raw)
+        if rank == 0:
+            os.environ["OTEL_RL_LOG_DIR"] = str(log_dir)
+            from otel_rl.compat.verl import Tracking
+            tracking = Tracking("project", "experiment", ["console"])
+            log = lambda step: tracking.log({"loss": float(step)}, step=step)
+    elif rank == 0:
         from otel_rl import Logger
         metrics = Logger({"log_dir": str(log_dir)})
+        sync = lambda: metrics.timer("sync")
+        log = lambda step: metrics.log_metrics({"loss": float(step)}, step=step)
     else:
         from otel_rl import WorkerMetrics
         metrics = WorkerMetrics(rank=rank, role="trainer")
+        sync = lambda: metrics.timer("sync")
+        log = metrics.snapshot
+    if rank != 0 and flavour != "core":
+        log = lambda step: None
 
     def load_the_next_batch():
-        while not list((log_dir / "stalls").glob("*.json")):
+        while not list(log_dir.glob("**/stalls/*.json")):
             time.sleep(0.1)
 
     values = torch.ones(4)
@@ -57,24 +83,24 @@ _RANK = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             load_the_next_batch()
             os._exit(0)
-        with metrics.timer("sync"):
+        with sync():
             if step == 3 and how == "kill":  # gloo would see the dead peer at once (NCCL waits)
                 dist.distributed_c10d._get_default_store().wait(["never written"])
             dist.all_reduce(values)
-        if rank == 0:
-            metrics.log_metrics({"loss": float(step)}, step=step)
-        else:
-            metrics.snapshot(step)
+        log(step)
     os._exit(0)  # the others stay in the collective: the test ends them
 """)
 
 
-def _start_ranks(tmp_path: Path, odd: int, how: str) -> tuple[list[subprocess.Popen], Path]:
+def _start_ranks(
+    tmp_path: Path, odd: int, how: str, flavour: str = "core"
+) -> tuple[list[subprocess.Popen], Path]:
     port, log_dir = free_port(), tmp_path / "logs"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-c", _RANK, str(rank), str(port), str(log_dir), str(odd), how],
+            [sys.executable, "-c", _RANK, str(rank), str(port), str(log_dir), str(odd), how,
+             flavour],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
         for rank in range(4)
@@ -88,7 +114,7 @@ def _first_report(
     began = time.monotonic()
     deadline = began + within
     while time.monotonic() < deadline:
-        found = sorted((log_dir / "stalls").glob("*.json"))
+        found = sorted(log_dir.glob("**/stalls/*.json"))
         if found:
             report = json.loads(found[0].read_text())
             report["written"] = found[0].stat().st_mtime
@@ -148,6 +174,30 @@ def test_the_rank_that_never_joins_an_all_reduce_is_named_with_its_function_and_
     assert text.split(". ")[0] in " ".join(why.stdout.split()), why.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour", ["nemo", "verl"])
+def test_the_same_verdict_through_a_framework_s_drop_in_logger_and_timers(tmp_path, flavour):
+    """The job as NeMo RL or verl runs it: rank 0 logs through the framework's drop-in logger,
+    every rank times the sync with the framework's own timer (NeMo RL's ``Timer``, verl's
+    ``marked_timer``) and none has a ``WorkerMetrics``: the timers make each rank publish, and
+    rank 0's report names rank 2, its function and the count it is behind."""
+    ranks, log_dir = _start_ranks(tmp_path, odd=2, how="sleep", flavour=flavour)
+    try:
+        report, _ = _first_report(log_dir, ranks, within=240)
+    finally:
+        _end(ranks)
+    text = report["verdict"]["text"]
+    print(text)
+    assert text.startswith("rank 2 has not joined all_reduce #4 on the default group (4 ranks), "
+                           "which ranks 0, 1, 3 wait in: it entered only #3 (1 behind) and is at "
+                           "load_the_next_batch (<string>:"), text  # fmt: skip
+    (odd,) = report["job"]["odd_ones_out"]
+    assert (odd["rank"], odd["count"], odd["behind"]) == (2, 3, 1)
+    assert odd["step"] is None  # a worker's timer knows no step
+    processes = sorted((p["rank"], p["role"]) for p in report["job"]["processes"])
+    assert processes == [(rank, "rank") for rank in range(4)]
+
+
 def _unix(iso: str) -> float:
     from datetime import datetime
 
@@ -191,7 +241,8 @@ def test_a_closed_store_is_said_once_by_the_publisher_and_in_the_verdict(otel_rl
     master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=5))  # fmt: skip
     board = TorchStoreBoard("127.0.0.1", port, world_size=2)
-    board.put("rank-1", json.dumps({"rank": 1, "world_rank": 1, "step": 7}).encode())
+    state = {"rank": 1, "world_rank": 1, "step": 7}
+    board.put(state, json.dumps(state).encode())
     states, missing = board.read()
     assert [(s["rank"], s["step"]) for s in states] == [(1, 7)] and missing == ["rank 0"]
     publisher = StatePublisher(lambda: (7, time.time()), role="trainer", rank=1)
@@ -241,6 +292,36 @@ _WAITS_ON_A_URL = textwrap.dedent("""
     with Timer(lambda _: None, name="reward"), contextlib.suppress(OSError):
         requests.post(url, json={"prompt": "2+2"}, timeout=90)  # the credentials go as a header
 """)
+
+
+_DOWN_STORE = textwrap.dedent("""
+    import sys, time
+    from otel_rl.watch import job_state
+    # every 10 ms instead of every 5 s, each try given 50 ms: the exit falls inside one
+    job_state.BOARD_TIMEOUT, job_state.PUBLISH_EVERY, job_state.FIRST_AFTER = 0.05, 0.01, 0.0
+    publisher = job_state.StatePublisher(lambda: (1, time.time()))
+    board = job_state.TorchStoreBoard("127.0.0.1", int(sys.argv[1]), world_size=2)
+    publisher.boards = lambda: [board]
+    publisher.start()
+    time.sleep(1.0)
+    print(len(publisher._failed), flush=True)
+""")
+
+
+def test_a_store_that_is_down_costs_a_refused_connect_with_no_noise_and_a_clean_exit():
+    """A job's store that is down (nothing listens on its port): each publication fails at the
+    connect, before c10d's client (which would retry for its whole timeout, write each try with
+    a C++ stack to stderr, and abort the process when the interpreter ended during a try)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", _DOWN_STORE, str(port)], capture_output=True,
+                              text=True, timeout=60, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == "1"  # the board failed, and was said once
+        assert "[c10d]" not in done.stderr and "terminate called" not in done.stderr
+        said = [line for line in done.stderr.splitlines() if "cannot be published" in line]
+        assert len(said) == 1 and "ConnectionRefusedError" in said[0], done.stderr
 
 
 def test_a_wait_on_a_url_with_a_password_publishes_the_host_never_the_password(tmp_path):
