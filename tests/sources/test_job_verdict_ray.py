@@ -5,12 +5,14 @@ instead of the group's ``all_reduce``, while the driver waits on ``ray.get`` of 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from otel_rl.watch.job_state import RayBoard
 from testkit.ray_cluster import CLIENT_ENV, two_node_cluster
 from testkit.servers import free_port
 
@@ -103,6 +105,21 @@ def test_the_actor_a_worker_group_waits_for_is_named_with_its_class_rank_node_an
                 ray.get([w.step.remote(3) for w in group])
             ender.join(30)
             logger.finish()
+            # the killed actors' states are no longer read, and their keys are removed
+            board = RayBoard.of_this_job()
+            assert board is not None
+            deadline = time.monotonic() + 30
+            while True:
+                states, _ = board.read()
+                if [s["role"] for s in states] == ["driver"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert [s["role"] for s in states] == ["driver"], states
+            from ray._private.worker import global_worker
+
+            keys = global_worker.gcs_client.internal_kv_keys(
+                f"{board.job_id}/".encode(), RayBoard.NAMESPACE, timeout=5)
+            assert keys == [f"{board.job_id}/driver-{os.getpid()}".encode()]
         finally:
             ray.shutdown()
 
