@@ -570,8 +570,8 @@ def ray_stacks(timeout: float) -> dict[str, Any]:
             entry["stack"], why_not = agent_py_spy_dump(dashboard, info["node_id"], int(pid), left)
             entry["via"] = f"the Ray agent of node {str(info['node_id'])[:8]}…"
             if why_not and (ip is None or ip in local):  # another raylet of this machine
+                entry["via"] = f"py-spy on this machine (the agent: {why_not})"
                 entry["stack"], why_not = py_spy_dump(int(pid), deadline - time.monotonic())
-                entry["via"] = f"py-spy on this machine ({why_not})"
             if why_not:
                 entry["reason"] = why_not
         elif ip is not None and ip not in local:

@@ -967,6 +967,25 @@ _RAY_WITHOUT_DASHBOARD = textwrap.dedent("""
 
 
 @pytest.mark.slow
+def test_a_node_agent_that_may_not_profile_is_said_with_the_setting_that_allows_it(
+    ray_with_dashboard,
+):
+    """Ray's dashboard refuses to have a node's agent dump a process unless the head node runs
+    with ``RAY_DASHBOARD_ENABLE_PROFILING=1`` (off here, as by default): the reason names it."""
+    from otel_rl.watch.stalls import agent_py_spy_dump, ray_state_address
+
+    ray = ray_with_dashboard
+    dashboard = ray_state_address()
+    assert dashboard is not None
+    node = ray.get_runtime_context().get_node_id()
+    stack, why_not = agent_py_spy_dump(dashboard, node, os.getpid(), timeout=30)
+    assert stack is None
+    assert why_not == (f"node {node[:8]}…'s Ray agent did not dump pid {os.getpid()} (HTTP "
+                       "403: start the head node with RAY_DASHBOARD_ENABLE_PROFILING=1 to allow "
+                       "it)"), why_not  # fmt: skip
+
+
+@pytest.mark.slow
 def test_without_rays_state_api_the_task_link_is_left_out_with_the_reason(tmp_path):
     """Ray started without its dashboard: the driver's wait on ``ray.get`` is named, and the
     task behind it is not guessed: the sentence says the state API did not answer."""
