@@ -658,6 +658,17 @@ def _no_step() -> tuple[int | None, float | None]:
     return None, None
 
 
+def _forked() -> None:
+    # A child forked from a job's worker (a data loader's worker, say) inherits its process
+    # group or Ray connection, and would publish as that worker's rank: its timers do not.
+    global _FROM_A_WORKER_IN
+    if _a_job_s_worker():
+        _FROM_A_WORKER_IN = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def publish_from_a_worker() -> None:
     """A framework's own timer (the NeMo RL and verl drop-ins') began in this process: in one of
     a job's workers (a Ray actor, a rank of a process group) that has no ``WorkerMetrics``, the

@@ -324,6 +324,37 @@ def test_a_store_that_is_down_costs_a_refused_connect_with_no_noise_and_a_clean_
         assert len(said) == 1 and "ConnectionRefusedError" in said[0], done.stderr
 
 
+_FORKED_LOADER = textwrap.dedent("""
+    import os, sys
+    import torch.distributed as dist
+    from otel_rl.compat.nemo_timer import Timer
+    from otel_rl.watch import job_state
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0,
+                            world_size=1)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a data loader's worker: it times its work with the framework's timer
+        Timer().start("load")
+        os.write(write, b"1" if os.getpid() in job_state._PUBLISHERS else b"0")
+        os._exit(0)
+    os.waitpid(child, 0)
+    Timer().start("step")
+    print(os.read(read, 1).decode(), int(os.getpid() in job_state._PUBLISHERS), flush=True)
+""")
+
+
+def test_a_child_forked_from_a_rank_does_not_publish_as_that_rank():
+    """A framework's timer makes a rank publish, but not a child forked from it (a data
+    loader's worker), which inherits the rank's process group and would publish under its
+    key."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _FORKED_LOADER, str(free_port())],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "1"]  # the child: no publisher; the rank: its own
+
+
 def test_a_wait_on_a_url_with_a_password_publishes_the_host_never_the_password(tmp_path):
     """A process waits on ``http://user:secret@host/…`` with ``requests`` (a real server that
     never answers):
