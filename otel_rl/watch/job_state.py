@@ -661,8 +661,14 @@ def _no_step() -> tuple[int | None, float | None]:
 def _forked() -> None:
     # A child forked from a job's worker (a data loader's worker, say) inherits its process
     # group or Ray connection, and would publish as that worker's rank: its timers do not.
+    # (No Ray call here: Ray's client is not safe to use in a forked child.)
     global _FROM_A_WORKER_IN
-    if _a_job_s_worker():
+    dist = sys.modules.get("torch.distributed")
+    try:
+        in_a_group = dist is not None and dist.is_available() and dist.is_initialized()
+    except Exception:
+        in_a_group = False
+    if in_a_group or os.getppid() == _FROM_A_WORKER_IN:
         _FROM_A_WORKER_IN = os.getpid()
 
 
