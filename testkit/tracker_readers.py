@@ -29,10 +29,12 @@ os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="otel-rl-trackio-")
 
 def wandb_offline_env(monkeypatch: Any, directory: Path, *, mode: str | None = "offline") -> None:
     """Point W&B at ``directory`` with no account or network (``mode=None``: the test's config
-    chooses the mode), and make its next run read this environment.
+    chooses the mode).
 
-    W&B reads its environment once per process, when its first run begins: without the
-    teardown, a run an earlier test began with other variables would lend this one its mode.
+    W&B reads its environment once per process, when its first run begins: a test whose run
+    must be offline whatever ran before it in the process says so in its config too
+    (``mode: offline``). (Tearing W&B down to make it read the environment again stops the
+    service a run of an earlier test may still be using.)
     """
     if mode is None:
         monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -42,8 +44,6 @@ def wandb_offline_env(monkeypatch: Any, directory: Path, *, mode: str | None = "
     monkeypatch.setenv("WANDB_CONSOLE", "off")
     for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
         monkeypatch.setenv(name, str(directory / name.lower()))
-    if "wandb" in sys.modules:
-        sys.modules["wandb"].teardown()
 
 
 @dataclass

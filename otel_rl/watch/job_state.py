@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import re
 import socket
 import sys
 import threading
@@ -33,7 +35,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from otel_rl.core.redaction import redact_text
 from otel_rl.process.fork_safe_log import log as _log
@@ -69,6 +71,19 @@ MAX_GROUPS = 64
 #: Seconds one board may take to be written or read.
 BOARD_TIMEOUT = 5.0
 _KEY_PREFIX = "otel_rl/job/"
+#: The process group seen here is its parent's, inherited through fork: not this process's rank.
+_GROUP_INHERITED = False
+
+
+def _in_a_process_group() -> bool:
+    """This process is a rank of a ``torch.distributed`` process group (its own, not one it
+    inherited through fork)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(not _GROUP_INHERITED and dist is not None and dist.is_available()
+                    and dist.is_initialized())  # fmt: skip
+    except Exception:
+        return False
 
 
 def _text(value: Any) -> str:
@@ -86,7 +101,7 @@ def collective_counts() -> dict[str, dict[str, Any]]:
     ``torch.distributed`` or before ``init_process_group``."""
     dist = sys.modules.get("torch.distributed")
     try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        if dist is None or not _in_a_process_group():
             return {}
         groups = list(dist.distributed_c10d._world.pg_map)
     except Exception:
@@ -111,7 +126,7 @@ def _identity(role: str | None, rank: int | None) -> dict[str, Any]:
     out: dict[str, Any] = {"pid": os.getpid(), "node": socket.gethostname()}
     dist = sys.modules.get("torch.distributed")
     with contextlib.suppress(Exception):
-        if dist is not None and dist.is_available() and dist.is_initialized():
+        if dist is not None and _in_a_process_group():
             out["world_rank"] = int(dist.get_rank())
             out["world_size"] = int(dist.get_world_size())
     ray = sys.modules.get("ray")
@@ -133,7 +148,7 @@ def _identity(role: str | None, rank: int | None) -> dict[str, Any]:
     if role is None:
         role = ("rank" if rank is not None else "actor" if "actor_id" in out
                 else "driver" if "node_id" in out else "process")  # fmt: skip
-    out["role"], out["rank"] = role, rank
+    out["role"], out["rank"] = _text(role), rank
     return out
 
 
@@ -220,14 +235,55 @@ class Board(Protocol):
     def read(self) -> tuple[list[dict[str, Any]], list[str]]: ...
 
 
+#: Largest state read from a board: what one process publishes is a few kilobytes at most.
+MAX_STATE_BYTES = 64 * 1024
+
+_TEXTS = ("role", "node", "actor", "node_id", "actor_id", "ip", "phase", "at")
+_NUMBERS = ("published", "every", "step_at", "phase_since", "at_since")
+_INTEGERS = ("pid", "rank", "world_rank", "world_size", "step")
+
+
+def _number(value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if kind is int:
+        return value if isinstance(value, int) else None
+    return float(value) if math.isfinite(value) else None
+
+
 def _decode(payload: bytes | str | None) -> dict[str, Any] | None:
-    if payload is None:
+    """A state read from a board, as this module writes one: each field of its type, each text
+    capped; ``None`` for anything else (another program's file, a torn or huge write). A state
+    that is not one costs only itself, never the verdict."""
+    if payload is None or len(payload) > MAX_STATE_BYTES:
         return None
     try:
-        state = json.loads(payload)
+        raw = json.loads(payload)
     except (ValueError, UnicodeDecodeError):
         return None
-    return state if isinstance(state, dict) else None
+    if not isinstance(raw, dict) or _number(raw.get("published"), float) is None:
+        return None
+    state: dict[str, Any] = {}
+    for name in _TEXTS:
+        value = raw.get(name)
+        state[name] = None if value is None else _text(value)
+    for name in _NUMBERS:
+        state[name] = _number(raw.get(name), float)
+    for name in _INTEGERS:
+        state[name] = _number(raw.get(name), int)
+    wait = raw.get("wait")
+    if isinstance(wait, dict) and isinstance(wait.get("words"), str):
+        state["wait"] = {"words": _text(wait["words"]), "since": _number(wait.get("since"), float)}
+        for name in ("kind", "host", "op", "group"):
+            if wait.get(name) is not None:
+                state["wait"][name] = _text(wait[name])
+    groups = raw.get("collectives")
+    state["collectives"] = {
+        _text(group): {"count": _number(entry.get("count"), int),
+                       "size": _number(entry.get("size"), int)}
+        for group, entry in list(groups.items())[:MAX_GROUPS] if isinstance(entry, dict)
+    } if isinstance(groups, dict) else {}  # fmt: skip
+    return state
 
 
 class DirectoryBoard:
@@ -250,7 +306,10 @@ class DirectoryBoard:
         states = []
         for path in sorted(self.directory.glob("*.json")):
             with contextlib.suppress(OSError):
-                if path.stat().st_mtime < self._started - 2 * SILENT_AFTER:
+                stat = path.stat()
+                if stat.st_mtime < self._started - 2 * SILENT_AFTER:
+                    continue
+                if stat.st_size > MAX_STATE_BYTES:
                     continue
                 state = _decode(path.read_bytes())
                 if state is not None:
@@ -272,7 +331,7 @@ class TorchStoreBoard:
         """The board of the process group this process joined, if its store is a TCP store."""
         dist = sys.modules.get("torch.distributed")
         try:
-            if dist is None or not dist.is_available() or not dist.is_initialized():
+            if dist is None or not _in_a_process_group():
                 return None
             store = dist.distributed_c10d._get_default_store()
             while hasattr(store, "underlying_store"):
@@ -399,7 +458,9 @@ def _key(state: Mapping[str, Any]) -> str:
     rank = state.get("world_rank")
     if rank is not None:  # the torch store reads the default group's ranks by these keys
         return f"rank-{rank}"
-    return f"{state.get('role')}-{state.get('rank')}-{state.get('node')}-{state.get('pid')}"
+    # a file name too: short, whatever the role and host are called
+    role, node = (re.sub(r"[^\w.-]", "_", str(state.get(k)))[:40] for k in ("role", "node"))
+    return f"{role}-{state.get('rank')}-{node}-{state.get('pid')}"
 
 
 # ---- the thread that publishes -----------------------------------------------------------------
@@ -460,6 +521,7 @@ class StatePublisher:
         # The boards' clients are used by one thread at a time: the publisher's, a stall
         # report's publication, the verdict's reading.
         self._using_boards = threading.Lock()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
@@ -485,10 +547,11 @@ class StatePublisher:
 
     def boards(self) -> list[Any]:
         found: list[Any] = []
-        for board in (RayBoard.of_this_job(), TorchStoreBoard.of_this_job(), self._directory):
-            if board is None:
-                continue
-            found.append(self._boards.setdefault(board.where, board))
+        for board in (RayBoard.of_this_job(), TorchStoreBoard.of_this_job()):
+            if board is not None:
+                found.append(self._boards.setdefault(board.where, board))
+        if not found and self._directory is not None:  # where the job has nothing else
+            found.append(self._boards.setdefault(self._directory.where, self._directory))
         return found
 
     def state(self) -> dict[str, Any]:
@@ -514,14 +577,44 @@ class StatePublisher:
                 else:
                     self._failed.discard(board.where)
 
-    def read(self, boards: Iterable[Any] | None = None) -> JobStates:
-        """Every state on this job's boards (this process's own made now), merged by process."""
-        found = JobStates()
-        merged: dict[tuple[Any, Any], dict[str, Any]] = {}
-        for board in self.boards() if boards is None else boards:
+    def publish_soon(self) -> None:
+        """Publish now on the publisher's own thread, without waiting for it: a store that does
+        not answer holds that thread, never the caller (the watchdog's, when a stall begins)."""
+        self._wake.set()
+
+    def _read_board(self, board: Any, timeout: float) -> tuple[list[dict[str, Any]], list[str]]:
+        """``board.read()`` on a thread of its own, given ``timeout`` seconds (a store that
+        accepts connections and never answers holds c10d's client whatever its own timeout):
+        the thread of one that does not return is left to it."""
+        done: list[Any] = []
+
+        def call() -> None:
             try:
                 with self._using_boards:
-                    states, missing = board.read()
+                    done.append(board.read())
+            except BaseException as exc:
+                done.append(exc)
+
+        reader = threading.Thread(target=call, name="otel-rl-job-read", daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not done:
+            raise TimeoutError(f"no answer within {timeout:.1f} s")
+        if isinstance(done[0], BaseException):
+            raise done[0]
+        return cast(tuple[list[dict[str, Any]], list[str]], done[0])
+
+    def read(
+        self, boards: Iterable[Any] | None = None, timeout: float = 2 * BOARD_TIMEOUT
+    ) -> JobStates:
+        """Every state on this job's boards (this process's own made now), merged by process;
+        a board that has not answered within ``timeout`` seconds is said unreadable."""
+        found = JobStates()
+        merged: dict[tuple[Any, Any], dict[str, Any]] = {}
+        deadline = time.monotonic() + timeout
+        for board in self.boards() if boards is None else boards:
+            try:
+                states, missing = self._read_board(board, max(0.5, deadline - time.monotonic()))
             except Exception as exc:
                 found.unreadable.append(f"{board.where} could not be read "
                                         f"({type(exc).__name__}: {_text(exc)})")  # fmt: skip
@@ -544,10 +637,10 @@ class StatePublisher:
     def read_fresh(self, since: float, wait: float) -> JobStates:
         """The states as :meth:`read`, read again until each process still publishing has
         published after ``since`` (Unix time: when the stall was seen), for at most ``wait``
-        seconds: a state from before the stall would show a process where it was before it."""
+        seconds in all: a state from before the stall would show a process where it was."""
         deadline = time.monotonic() + wait
         while True:
-            found = self.read()
+            found = self.read(timeout=max(0.5, deadline - time.monotonic()))
             now = time.time()
             stale = [s for s in found.states
                      if float(s.get("published") or 0) < since
@@ -592,7 +685,8 @@ class StatePublisher:
                 due = self._next_deadline()
                 if due is not None:
                     wait = min(wait, due + 0.05)  # just past it: the phase is then overdue
-            time.sleep(wait)
+            self._wake.wait(wait)
+            self._wake.clear()
 
 
 # ---- one publisher per process -----------------------------------------------------------------
@@ -643,11 +737,10 @@ _FROM_A_WORKER_IN: int | None = None
 
 def _a_job_s_worker() -> bool:
     """This process is a Ray actor or a rank of a process group."""
-    dist = sys.modules.get("torch.distributed")
+    if _in_a_process_group():
+        return True
     ray = sys.modules.get("ray")
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return True
         return bool(ray is not None and ray.is_initialized()
                     and ray.get_runtime_context().get_actor_id())  # fmt: skip
     except Exception:
@@ -660,15 +753,12 @@ def _no_step() -> tuple[int | None, float | None]:
 
 def _forked() -> None:
     # A child forked from a job's worker (a data loader's worker, say) inherits its process
-    # group or Ray connection, and would publish as that worker's rank: its timers do not.
-    # (No Ray call here: Ray's client is not safe to use in a forked child.)
-    global _FROM_A_WORKER_IN
-    dist = sys.modules.get("torch.distributed")
-    try:
-        in_a_group = dist is not None and dist.is_available() and dist.is_initialized()
-    except Exception:
-        in_a_group = False
-    if in_a_group or os.getppid() == _FROM_A_WORKER_IN:
+    # group or Ray connection, and would publish as that worker's rank: its timers do not
+    # publish, and a Logger or WorkerMetrics it makes is not that rank. (No Ray call here:
+    # Ray's client is not safe to use in a forked child.)
+    global _FROM_A_WORKER_IN, _GROUP_INHERITED
+    _GROUP_INHERITED = _in_a_process_group()
+    if _GROUP_INHERITED or os.getppid() == _FROM_A_WORKER_IN:
         _FROM_A_WORKER_IN = os.getpid()
 
 

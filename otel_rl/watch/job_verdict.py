@@ -76,16 +76,19 @@ def _rank_name(state: Mapping[str, Any]) -> str:
 def _where_is(state: Mapping[str, Any], now: float) -> str:
     """Where a process is, each fact with its age: its wait, else its line of code, its open
     timer, its node and pid, and how old the state is."""
+    def age(since: Any) -> str:
+        return f" ({seconds(now - float(since))})" if isinstance(since, (int, float)) else ""
+
     parts = []
     wait = state.get("wait")
     if isinstance(wait, Mapping) and wait.get("words"):
-        parts.append(f"waits on {wait['words']} ({seconds(now - float(wait['since']))})")
+        parts.append(f"waits on {wait['words']}{age(wait.get('since'))}")
     elif state.get("at"):
-        parts.append(f"is at {state['at']} ({seconds(now - float(state['at_since']))})")
+        parts.append(f"is at {state['at']}{age(state.get('at_since'))}")
     if state.get("phase"):
         since = state.get("phase_since")
-        age = f" for {seconds(now - float(since))}" if since else ""
-        parts.append(f"inside {' > '.join(str(state['phase']).split('/'))}{age}")
+        opened = f" for {seconds(now - float(since))}" if since else ""
+        parts.append(f"inside {' > '.join(str(state['phase']).split('/'))}{opened}")
     step = state.get("step")
     parts.append(f"last step {step}" if step is not None else "no step logged")
     where = f"pid {state.get('pid')} on {state.get('node')}"
@@ -146,7 +149,8 @@ def _collective_odd_ones(
             count = cast(int, _count(state, group))
             sentences.append(
                 f"{_rank_name(state)} has not joined {op} #{top:,} on {label}, which "
-                f"{_names(ahead, by_world_rank=True)} wait in: it entered only #{count:,} "
+                f"{_names(ahead, by_world_rank=True)} {'wait' if len(ahead) > 1 else 'waits'} "
+                f"in: it entered only #{count:,} "
                 f"({top - count:,} behind) and {_where_is(state, now)}"
             )
             odd.append({**_summary(state, now), "group": group, "count": count,

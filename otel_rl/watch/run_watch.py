@@ -210,7 +210,7 @@ class RunWatch:
         from otel_rl.watch.stalls import thread_names
 
         if self.job is not None:  # the others' verdicts see this stall at once
-            self.job.publish()
+            self.job.publish_soon()
         names = thread_names()
         now = time.monotonic()
         report.open_timers = {

@@ -318,12 +318,21 @@ def _http_wait(frames: list[FrameType]) -> _Wait | None:
     client = client or _client(http[0])
     if host is None:
         return _Wait("http", f"an HTTP request ({client})", f"its stack, frames of {client}")
+    url = None if url is None else _without_credentials(url)
     target = url or f"http://{host}"
     words = f"HTTP {method + ' ' if method else ''}{target}"
     if url is not None and host not in url:
         words += f" (connection to {host})"
     evidence = f"its stack, frame {_where(http[0])} of {client}: no response yet"
     return _Wait("http", words, evidence, host=host, url=url)
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` without its user and password: a verdict is written to files, logs and trackers."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 def _client(frame: FrameType) -> str:

@@ -167,7 +167,7 @@ def test_nemo_wandb_logger_reports_the_values_w_and_b_would_drop(
     from otel_rl.compat.nemo_backends import WandbLogger
 
     monkeypatch.chdir(tmp_path)  # no git repository: the code and diffs are not saved
-    backend = WandbLogger({"project": "otel-rl-late", "name": "nemo-backend"},
+    backend = WandbLogger({"project": "otel-rl-late", "name": "nemo-backend", "mode": "offline"},
                           log_dir=str(tmp_path / "out"))  # fmt: skip
     backend.log_metrics({"loss": 0.5}, 599, prefix="train", step_finished=True)
     backend.log_metrics({"accuracy": 0.6}, 600, prefix="validation")  # before the step ends

@@ -355,6 +355,57 @@ def test_a_child_forked_from_a_rank_does_not_publish_as_that_rank():
     assert done.stdout.split() == ["0", "1"]  # the child: no publisher; the rank: its own
 
 
+_FROZEN_STORE = textwrap.dedent("""
+    import json, os, pathlib, socket, sys, time
+    from otel_rl import Logger
+    from otel_rl.watch import job_state
+
+    log_dir = pathlib.Path(sys.argv[1])
+    frozen = socket.socket()  # accepts connections, never answers: a store whose host froze
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(16)
+    logger = Logger({"log_dir": str(log_dir), "stalls": {"after": 2}})
+    publisher = job_state._PUBLISHERS[os.getpid()]
+    board = job_state.TorchStoreBoard("127.0.0.1", frozen.getsockname()[1], world_size=2)
+    publisher.boards = lambda: [board]
+    costs = []
+    for step in range(40):
+        began = time.perf_counter()
+        logger.log_metrics({"loss": 1.0}, step=step)
+        costs.append(time.perf_counter() - began)
+        time.sleep(0.05)  # the publisher's first publication enters the store's client
+    began = time.monotonic()
+    with logger.timer("generation"):
+        while not list((log_dir / "stalls").glob("*.json")) and time.monotonic() - began < 90:
+            time.sleep(0.2)
+    print(json.dumps({"seconds": time.monotonic() - began, "max_cost": max(costs)}), flush=True)
+    # The publisher's thread is still inside c10d's client, which would abort the process if it
+    # returned while the interpreter ends (the frozen host here is this process's socket).
+    os._exit(0)
+""")
+
+
+def test_a_store_that_never_answers_holds_neither_the_training_thread_nor_the_stall_report(
+    tmp_path,
+):
+    """The job's store accepts connections and never answers (its host frozen): c10d's client
+    holds the publisher's thread for good, but ``log_metrics`` stays fast, the stall report is
+    written on time, and its verdict says the store could not be read."""
+    log_dir = tmp_path / "logs"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _FROZEN_STORE, str(log_dir)],
+                          capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["seconds"] < 20 and seen["max_cost"] < 0.05, seen
+    (report_path,) = (log_dir / "stalls").glob("*.json")
+    verdict = json.loads(report_path.read_text())["verdict"]
+    assert verdict["text"].startswith("the training process is in generation ("), verdict
+
+    (unread,) = [m for m in verdict["missing"] if "torch.distributed store" in m]
+    assert "could not be read (TimeoutError: no answer within " in unread, unread
+
+
 def test_a_wait_on_a_url_with_a_password_publishes_the_host_never_the_password(tmp_path):
     """A process waits on ``http://user:secret@host/…`` with ``requests`` (a real server that
     never answers):
@@ -396,17 +447,51 @@ def test_a_state_stays_small_whatever_the_program_names_and_keeps_nothing_alive(
 
     loop = Loop()
     board = DirectoryBoard(tmp_path / "job")
-    publisher = StatePublisher(loop.activity, role="trainer", rank=5)
+    publisher = StatePublisher(loop.activity, role="r" * 1_000_000, rank=5)
     publisher.boards = lambda: [board]  # type: ignore[method-assign]
     with Timer(lambda _: None, name="x" * 10_000):
         publisher.publish()
     (path,) = (tmp_path / "job").glob("*.json")
     state = json.loads(path.read_text())
     assert state["step"] == 41 and state["phase"] == "x" * 299 + "…"
+    assert state["role"] == "r" * 299 + "…"
     assert path.stat().st_size < 2_000
     del loop
     gc.collect()
     assert publisher.state()["step"] is None
+
+
+def test_a_state_that_is_not_one_costs_only_itself(tmp_path):
+    """Files in the job's directory that are not states as a publisher writes them (a field of
+    another type, a time that is not a number, another program's JSON, bytes, a huge file) are
+    not read; the states beside them are, and the verdict is built."""
+    now = time.time()
+    directory = tmp_path / "job"
+    directory.mkdir()
+    good = {"pid": 11, "node": "n1", "role": "trainer", "rank": 1, "world_rank": 1, "step": 7,
+            "published": now, "at": "train (loop.py:3)", "at_since": now - 2,
+            "collectives": {"default": {"count": 5, "size": 2}}}  # fmt: skip
+    (directory / "rank-1.json").write_text(json.dumps(good))
+    bad = {
+        "dict-node": {**good, "pid": 12, "node": {"a": 1}},
+        "text-time": {**good, "pid": 13, "published": "abc"},
+        "no-time": {"pid": 14},
+        "list": [1, 2],
+        "huge": {**good, "pid": 15, "at": "y" * 100_000},
+    }
+    for name, payload in bad.items():
+        (directory / f"{name}.json").write_text(json.dumps(payload))
+    (directory / "bytes.json").write_bytes(b"\xff\xfe{")
+    (directory / "huge.json").write_text(json.dumps(bad["huge"]))
+    states, _ = DirectoryBoard(directory).read()
+    assert sorted(s["pid"] for s in states) == [11, 12]  # the dict node becomes text
+    by_pid = {s["pid"]: s for s in states}
+    assert by_pid[11]["collectives"] == {"default": {"count": 5, "size": 2}}
+    assert by_pid[12]["node"] == "{'a': 1}"
+    found = JobStates()
+    found.states = states
+    verdict = job_verdict(found, now)
+    assert len(verdict.processes) == 2 and verdict.not_heard_from == []
 
 
 def test_of_a_role_the_one_not_where_the_most_are_is_named():

@@ -134,9 +134,13 @@ def _get_with_aiohttp(url: str) -> int:
                                  _get_with_aiohttp],
                          ids=["urllib", "requests", "httpx", "aiohttp"])  # fmt: skip
 def test_a_driver_blocked_on_a_server_that_never_answers_is_told_with_its_host(tmp_path, get):
+    """The URL's user and password are never said: the verdict names the URL without them, and
+    no file the run writes holds the password."""
     server = SilentServer()
     log_dir = tmp_path / "logs"
     url = f"http://127.0.0.1:{server.port}/v1/completions"
+    # (urllib takes no credentials in a URL: it would look the whole netloc up as a host name)
+    with_password = url if get is _get_with_urllib else url.replace("://", "://agent:s3cr3t@")
     logger = Logger({"log_dir": str(log_dir), "stalls": {"after": 1, "factor": 2}})
     for step in range(3):
         with logger.timer("step"), logger.timer("generation"):
@@ -145,7 +149,7 @@ def test_a_driver_blocked_on_a_server_that_never_answers_is_told_with_its_host(t
     history = phase_history("step/generation")  # this process's, earlier tests' uses too
     hanging_up = _hang_up_when_reported(server, log_dir)
     with logger.timer("step"), logger.timer("generation"):
-        assert get(url) == 503  # the server answers once the report is written
+        assert get(with_password) == 503  # the server answers once the report is written
     hanging_up.join(30)
     logger.log_metrics({"loss": 1.0}, step=3)
     logger.finish()
@@ -170,6 +174,8 @@ def test_a_driver_blocked_on_a_server_that_never_answers_is_told_with_its_host(t
     assert lines[:2] == ["otel-rl stall report", f"verdict: {text}"]
     (stall, _ended) = jsonl_rows(log_dir / "events.jsonl")
     assert stall["text"].startswith(text + ". Run ")
+    written = [p for p in log_dir.rglob("*") if p.is_file()]
+    assert len(written) >= 3 and not [p for p in written if b"s3cr3t" in p.read_bytes()]
 
 
 def test_a_driver_waiting_on_an_engine_is_told_the_engines_counts(tmp_path):
