@@ -591,9 +591,16 @@ def agent_py_spy_dump(
     dashboard, or ``(None, why not)``."""
     import requests  # Ray's dashboard (ray[default]) depends on it
 
+    headers: dict[str, str] = {}
+    with contextlib.suppress(Exception):  # the cluster's token, as Ray's own state API sends it
+        from ray._private.authentication.http_token_authentication import (
+            get_auth_headers_if_auth_enabled,
+        )
+
+        headers = dict(get_auth_headers_if_auth_enabled({}))
     try:
         reply = requests.get(f"{dashboard.rstrip('/')}/worker/traceback",
-                             params={"node_id": node_id, "pid": str(pid)},
+                             params={"node_id": node_id, "pid": str(pid)}, headers=headers,
                              timeout=max(0.5, timeout))  # fmt: skip
     except requests.RequestException as exc:
         return None, f"the dashboard did not answer for node {node_id[:8]}… ({exc})"

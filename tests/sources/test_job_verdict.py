@@ -241,7 +241,7 @@ def test_a_closed_store_is_said_once_by_the_publisher_and_in_the_verdict(otel_rl
     master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=5))  # fmt: skip
     board = TorchStoreBoard("127.0.0.1", port, world_size=2)
-    state = {"rank": 1, "world_rank": 1, "step": 7}
+    state = {"rank": 1, "world_rank": 1, "step": 7, "published": time.time()}
     board.put(state, json.dumps(state).encode())
     states, missing = board.read()
     assert [(s["rank"], s["step"]) for s in states] == [(1, 7)] and missing == ["rank 0"]
