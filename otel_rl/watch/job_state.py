@@ -12,9 +12,9 @@ The states go to places the job already reaches, with no server of their own (a
 ``torch.distributed`` store of a torchrun or ``init_process_group`` job (through a client of its
 own with a short timeout, so that a store that is down never holds a caller: the job's own store
 client waits up to the process group's 30 minutes), and a shared directory where that is all
-there is. The training thread never waits for any of it: the state
-is read from the live frames, as the verdict reads them. A board that fails is said once, and
-costs the job nothing else.
+there is. The training thread never waits for any of it: the state is read from the live
+frames, as the verdict reads them. A board that fails is said once, and costs the job nothing
+else.
 
 The process that sees a stall reads every state and compares them
 (:mod:`otel_rl.watch.job_verdict`).
