@@ -3,7 +3,7 @@
 MLflow's rules for metric and param names: only letters, digits, ``_ - . /`` and spaces (a
 colon too, except on Windows servers, so it is mapped here), at most 250 characters, and the name
 must not change under ``posixpath.normpath`` (no leading or trailing ``/``, no ``//``, no ``.`` or
-``..`` segments). A key that breaks a rule is rewritten deterministically (the same key always
+``..`` segments, no name that starts with ``..``). A key that breaks a rule is rewritten deterministically (the same key always
 gives the same name); two keys that would end up with one name are told apart by a short hash of
 the key. With the file store, where a name is a file path, a key that is both a name and a folder
 (``timing/x`` next to ``timing/x/total``) cannot be stored as both; there the later one gets the
@@ -20,7 +20,10 @@ from otel_rl.process.fork_safe_log import log as _log
 
 MAX_NAME_LENGTH = 250
 _INVALID = re.compile(r"[^\w.\- /]+")
-_RULES = "letters, digits, _ - . / and spaces; no empty, '.' or '..' segments; <= 250 chars"
+_RULES = (
+    "letters, digits, _ - . / and spaces; no empty, '.' or '..' segments, no leading '..'; "
+    "<= 250 chars"
+)
 
 
 def sanitize(key: str) -> str:
@@ -32,6 +35,8 @@ def sanitize(key: str) -> str:
             continue  # "//", a leading or a trailing "/"
         segments.append({".": "_", "..": "__"}.get(segment, segment))
     name = "/".join(segments) or "_"
+    if name.startswith(".."):
+        name = "_" + name[1:]  # MLflow refuses any name that starts with "..", as "..0" does
     if len(name) > MAX_NAME_LENGTH:
         name = _with_suffix(name, key)
     return name

@@ -619,9 +619,17 @@ def _watched_call(watch: ExportWatch, call: Callable[[], _Result], success: _Res
     return False
 
 
+def _in_a_fork_child(made_in: int) -> bool:
+    """The SDK starts its readers' and span processors' threads again in a fork child, with the
+    parent's measurements and spans: those are the parent's to send (once), so an exporter
+    made before the fork sends nothing from the child (where the parent's Logger is disabled)."""
+    return os.getpid() != made_in
+
+
 class WatchedMetricExporter(MetricExporter):
     """The SDK's OTLP metric exporter, its failures told by an :class:`ExportWatch`; with
     ``semantic_conventions``, what it sends is renamed first (:class:`SemanticConventionNames`).
+    In a fork child it sends nothing (:func:`_in_a_fork_child`).
     """
 
     def __init__(
@@ -634,11 +642,14 @@ class WatchedMetricExporter(MetricExporter):
         self._inner = inner
         self.watch = watch
         self._rename = SemanticConventionNames() if semantic_conventions else None
+        self._pid = os.getpid()
         _quiet_loggers_of(inner)
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
+        if _in_a_fork_child(self._pid):
+            return MetricExportResult.SUCCESS
         if self._rename is not None:
             metrics_data = self._rename(metrics_data)
 
@@ -721,7 +732,8 @@ class WatchedSpanExporter:
     :class:`ExportWatch`.
 
     Duck-typed (``export``, ``shutdown``, ``force_flush``) rather than a ``SpanExporter``
-    subclass, so that this module does not import the tracing SDK when tracing is off.
+    subclass, so that this module does not import the tracing SDK when tracing is off. In a
+    fork child it sends nothing (:func:`_in_a_fork_child`).
     """
 
     signal = "spans"
@@ -730,10 +742,13 @@ class WatchedSpanExporter:
         self._inner = inner
         endpoint = str(getattr(inner, "_endpoint", None) or "the OTLP endpoint")
         self.watch = ExportWatch(self.signal, endpoint, "at every batch")
+        self._pid = os.getpid()
         _quiet_loggers_of(inner)
 
     def export(self, items: Sequence[Any]) -> Any:
         success, failure = self._results()
+        if _in_a_fork_child(self._pid):
+            return success
         ok = _watched_call(self.watch, lambda: self._inner.export(items), success)
         return success if ok else failure
 

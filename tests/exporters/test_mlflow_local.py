@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from otel_rl import Logger
@@ -52,6 +52,9 @@ def mlflow_accepts(name: str) -> bool:
         ("loss{rank=0,gpu=1}", "loss_rank_0_gpu_1_"),
         ("time:step", "time_step"),
         ("", "_"),
+        ("..0", "_.0"),
+        ("...", "_.."),
+        ("../x", "__/x"),
         ("ü/métrique", "ü/métrique"),
     ],
 )
@@ -75,6 +78,7 @@ def test_long_keys_are_cut_with_a_hash_that_tells_them_apart():
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(min_size=0, max_size=300))
+@example("..0")  # once found by the random draw: MLflow refuses a name that starts with ".."
 def test_every_key_maps_to_a_name_mlflow_accepts(key):
     assert mlflow_accepts(sanitize(key))
 
