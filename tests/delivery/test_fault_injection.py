@@ -11,7 +11,7 @@ once to every tracker, in step order; no step is ever delivered twice.
 
 Environment:
 - ``OTEL_RL_FAULT_SEED``: the base seed (default 12); iteration ``i`` uses ``"<seed>:<i>"``.
-- ``OTEL_RL_FAULT_ITERATIONS``: iterations of both tiers together (default 128, about 10
+- ``OTEL_RL_FAULT_ITERATIONS``: iterations of both tiers together (default 96, about 8
   minutes alone): the first tier runs the first ``DEFAULT_ITERATIONS``, the slow tier the rest,
   in ``SLOW_PARTS`` tests that a parallel run spreads over its workers. Each iteration is a few
   CPU-seconds of processes starting (the run, its delivery process, replays): the default keeps
@@ -40,7 +40,7 @@ from tests.faults.plan import DEFAULT_GRACE, keys_of, make_plan, value_of
 
 SEED = os.environ.get("OTEL_RL_FAULT_SEED", "12")
 DEFAULT_ITERATIONS = 32
-SLOW_ITERATIONS = int(os.environ.get("OTEL_RL_FAULT_ITERATIONS", "128"))
+SLOW_ITERATIONS = int(os.environ.get("OTEL_RL_FAULT_ITERATIONS", "96"))
 # MLflow costs ~20 s an iteration (the SDK's import in the child and in each replay, a restart
 # when planned down), so the slow tier adds it to one iteration in this many.
 MLFLOW_EVERY = int(os.environ.get("OTEL_RL_FAULT_MLFLOW_EVERY", "8"))
