@@ -3,12 +3,13 @@
 MLflow's rules for metric and param names: only letters, digits, ``_ - . /`` and spaces (a
 colon too, except on Windows servers, so it is mapped here), at most 250 characters, and the name
 must not change under ``posixpath.normpath`` (no leading or trailing ``/``, no ``//``, no ``.`` or
-``..`` segments, no name that starts with ``..``). A key that breaks a rule is rewritten deterministically (the same key always
-gives the same name); two keys that would end up with one name are told apart by a short hash of
-the key. With the file store, where a name is a file path, a key that is both a name and a folder
-(``timing/x`` next to ``timing/x/total``) cannot be stored as both; there the later one gets the
-``/`` at the clash replaced by ``.`` (``timing/x.total``). Database stores keep both names as they
-are, and so does a tracking server with a database backend (the default since MLflow 3).
+``..`` segments, no name that starts with ``..``). A key that breaks a rule is rewritten
+deterministically (the same key always gives the same name); two keys that would end up with one
+name are told apart by a short hash of the key. With the file store, where a name is a file path,
+a key that is both a name and a folder (``timing/x`` next to ``timing/x/total``) cannot be stored
+as both; there the later one gets the ``/`` at the clash replaced by ``.`` (``timing/x.total``).
+Database stores keep both names as they are, and so does a tracking server with a database
+backend (the default since MLflow 3).
 """
 
 from __future__ import annotations
