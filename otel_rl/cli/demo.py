@@ -49,6 +49,8 @@ def demo_config(
             "project_name": "otel-rl-demo",
             "offline": True,
         },
+        # Spans of every timer in <log_dir>/traces.jsonl: `otel-rl timeline` draws them.
+        tracing={"enabled": True},
     )
     if prometheus_port is not None:
         cfg["prometheus"] = {"enabled": True, "port": prometheus_port}
@@ -81,7 +83,7 @@ def simulate_training(
     """The demo's GRPO-like loop on ``logger``: rewards, loss, KL, lengths, timings, throughput.
     ``stall``: half-way, one generation hangs that many seconds (a rollout that never returns)."""
     rng = random.Random(seed)
-    workers = [WorkerMetrics(rank=rank, role="trainer") for rank in range(2)]
+    workers = [WorkerMetrics(rank=rank, role="trainer", tracing=True) for rank in range(2)]
     for step in range(steps):
         started = time.perf_counter()
         with logger.timer("generation"):

@@ -1,4 +1,5 @@
-"""The otel-rl command line: the demo, spool replay, the standalone GPU monitor and ``why``."""
+"""The otel-rl command line: the demo, spool replay, the standalone GPU monitor, ``why`` and
+``timeline``."""
 
 from __future__ import annotations
 
@@ -165,6 +166,30 @@ def build_parser() -> argparse.ArgumentParser:
     why.add_argument("--top", type=positive_int, default=5, help="slowest steps listed (default 5)")
     why.add_argument("--json", action="store_true", help="print the answer as JSON")
     why.set_defaults(run=_why)
+
+    from otel_rl.cli.timeline import FORMATS
+
+    timeline = commands.add_parser(
+        "timeline",
+        help="a picture of a run: one HTML page that opens offline, or a Perfetto trace",
+        description="Draw a run from its files (LOG_DIR/traces.jsonl, metrics.jsonl, stalls/): "
+        "a lane per process and thread with its spans, step boundaries, stalls and their "
+        "verdicts, GPU utilisation, each step's anatomy. No server needed.",
+    )
+    timeline.add_argument("log_dir", help="the run's log_dir")
+    timeline.add_argument(
+        "--steps", default=None, metavar="A-B",
+        help="the steps to draw (default: the slowest step and two on each side)",
+    )  # fmt: skip
+    timeline.add_argument(
+        "-o", "--out", default=None,
+        help="the file to write (default LOG_DIR/timeline.html or timeline.perfetto.json)",
+    )  # fmt: skip
+    timeline.add_argument(
+        "--format", choices=FORMATS, default="html",
+        help="html (default), or perfetto: Chrome trace-event JSON for ui.perfetto.dev",
+    )  # fmt: skip
+    timeline.set_defaults(run=_timeline)
     return parser
 
 
@@ -215,6 +240,12 @@ def _why(args: argparse.Namespace) -> int:
     from otel_rl.cli.why import run
 
     return run(args.log_dir, step=args.step, top=args.top, as_json=args.json)
+
+
+def _timeline(args: argparse.Namespace) -> int:
+    from otel_rl.cli.timeline import run
+
+    return run(args.log_dir, steps=args.steps, out=args.out, fmt=args.format)
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -305,6 +305,14 @@ class TracingSection(Section):
         "every `timer()` is also an OTel span, exported with OTLP when `otlp.enabled` "
         "([distributed.md](distributed.md#timers-as-spans))",
     )
+    file: bool = _field(
+        True,
+        "with `enabled`: the spans also go to `<log_dir>/traces.jsonl`, OTLP JSON "
+        "([tracing.md](tracing.md#spans-on-disk))",
+    )
+    file_max_mb: int = _field(
+        64, "`traces.jsonl` and the `traces.1.jsonl` it rotates to stay within this", ge=1
+    )
 
 
 class StallsSection(Section):

@@ -6,7 +6,9 @@ A snapshot is everything one worker recorded since its previous snapshot::
      "scalars":    {key: (reduce, n, sum, weighted_sum, weight_sum, min, max, last, last_time)},
      "timings":    {key: (total_seconds, count)},
      "histograms": {key: (bounds, counts, count, sum, min, max)},
-     "anatomy":    {timer path: exclusive seconds}}
+     "anatomy":    {timer path: exclusive seconds},
+     "spans":      [(name, trace id, span id, parent id, start ns, end ns, attributes,
+                     resource attributes, scope)], "spans_dropped": n}
 
 A scalar carries enough to apply any reduction on the driver: ``reduce`` is what the worker
 declared (``None``: let the driver's rules decide, default ``mean``), ``n`` how many values
@@ -15,7 +17,9 @@ min, max, and the last value with its wall-clock time. A timing is the worker's 
 for that name over the step (repeated timers add up). A histogram has explicit bucket bounds and
 merges exactly. ``anatomy`` (optional: a snapshot without it is still format 1) holds the
 seconds the worker spent inside its own timers, by timer path, each exclusive of the timers nested
-in it (the driver's step anatomy, docs/anatomy.md).
+in it (the driver's step anatomy, docs/anatomy.md). ``spans`` (optional too, from a worker
+that traces) are its timer spans that ended since the last snapshot, for the driver's trace file
+(:mod:`otel_rl.telemetry.span_transfer`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ FORMAT = 1
 
 #: The snapshot entry of the worker's exclusive timer seconds by path.
 ANATOMY_KEY = "anatomy"
+#: The snapshot entries of the worker's ended spans, and of those it dropped for room.
+SPANS_KEY = "spans"
+SPANS_DROPPED_KEY = "spans_dropped"
 
 # Field positions of a scalar entry.
 REDUCE, N, SUM, WSUM, WEIGHT, MIN, MAX, LAST, LAST_TIME = range(9)

@@ -22,6 +22,8 @@ from otel_rl.distributed.snapshot import (
     MAX,
     MIN,
     REDUCE,
+    SPANS_DROPPED_KEY,
+    SPANS_KEY,
     SUM,
     WEIGHT,
     WSUM,
@@ -29,6 +31,7 @@ from otel_rl.distributed.snapshot import (
     add_otel_data,
     empty_snapshot,
 )
+from otel_rl.telemetry.span_transfer import SpanCollector
 from otel_rl.telemetry.step_reader import StepReader
 from otel_rl.telemetry.timing import PhaseClock, Timer, TimerFactory
 from otel_rl.telemetry.tracing import RunTracer, hook_active, hook_resource
@@ -98,7 +101,11 @@ class WorkerMetrics:
         # Each span names the run of the driver call it runs in (W3C baggage), whenever that run
         # began: timers of a warm-up before the driver's Logger existed leave no mark on later
         # spans. A ``run_id`` given here names every span.
-        self._tracer: RunTracer | None = RunTracer(self._span_resource, otlp) if tracing else None
+        # A tracing worker's spans also travel to the driver in its snapshots (its trace file).
+        self._spans = SpanCollector() if tracing else None
+        self._tracer: RunTracer | None = (
+            RunTracer(self._span_resource, otlp, processors=[self._spans]) if tracing else None
+        )
         self._span_attributes = {"otel_rl.role": self.role, "otel_rl.rank": self.rank}
         self._keys = KeyRegistry()
         # the worker's own timers' time (a worker inside the driver's process counts only its own)
@@ -179,6 +186,8 @@ class WorkerMetrics:
         snap["scalars"] = {key: tuple(acc) for key, acc in scalars.items()}
         add_otel_data(snap, self._reader.take(), self._timer_key, now)
         snap[ANATOMY_KEY] = self._clock.take()
+        if self._spans is not None:
+            snap[SPANS_KEY], snap[SPANS_DROPPED_KEY] = self._spans.take()
         return snap
 
     def _job_activity(self) -> tuple[int | None, float | None]:

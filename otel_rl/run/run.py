@@ -37,6 +37,7 @@ from otel_rl.run.trackers import RunTrackers
 from otel_rl.telemetry.pipeline import Pipeline, build_resource
 from otel_rl.telemetry.routing import global_router
 from otel_rl.telemetry.self_telemetry import install_self_telemetry
+from otel_rl.telemetry.trace_file import MB, TraceFile
 from otel_rl.telemetry.tracing import StepSpans, build_tracer_provider
 
 if TYPE_CHECKING:
@@ -81,8 +82,15 @@ class Run:
         self.fanout = Fanout(self.exporters)
         otlp = cfg.otlp if cfg.otlp.enabled else None
         #: Spans of timers (``tracing.enabled``); ``None`` when tracing is off.
+        tracing = cfg.tracing
+        #: ``<log_dir>/traces.jsonl`` (``tracing.file``); ``None`` when spans stay off disk.
+        self.trace_file = (
+            TraceFile(cfg.log_dir, tracing.file_max_mb * MB)
+            if tracing.enabled and tracing.file
+            else None
+        )
         self.tracer_provider = build_tracer_provider(
-            cfg.tracing.enabled, otlp, self.pipeline.resource
+            tracing.enabled, otlp, self.pipeline.resource, trace_file=self.trace_file
         )
         # One ``rl.step`` span per training step, parent of the step's timers (docs/tracing.md).
         self.step_spans = (

@@ -50,13 +50,15 @@ def build_tracer_provider(
     otlp: Mapping[str, Any] | None,
     resource: Any,
     active_span_processor: Any = None,
+    trace_file: Any = None,
 ) -> Any:
     """A ``TracerProvider`` for the run's timers, or ``None`` when tracing is off.
 
     ``otlp`` is the logger's ``otlp`` config section when OTLP export is enabled, else ``None``
     (spans are then only seen by span processors the caller adds). ``active_span_processor``
     (a ``SynchronousMultiSpanProcessor``) lets providers of other resources share the span
-    processors this one gets.
+    processors this one gets. ``trace_file`` (a :class:`~otel_rl.telemetry.trace_file.TraceFile`)
+    gets every span too, through a span processor of its own.
     """
     if not enabled:
         return None
@@ -72,6 +74,11 @@ def build_tracer_provider(
         active_span_processor=active_span_processor,
         meter_provider=quiet,
     )
+    provider.add_span_processor(cast("SpanProcessor", _SpanThread()))
+    if trace_file is not None:
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider.add_span_processor(BatchSpanProcessor(trace_file, meter_provider=quiet))
     if otlp is not None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -119,6 +126,28 @@ def _worker_timer_tracer() -> Any:
 timing.set_process_tracer(_worker_timer_tracer)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=timing.drop_step_tracers_after_fork)
+
+
+class _SpanThread:
+    """A span processor that names the thread a span starts on (``thread.id``,
+    ``thread.name``, OpenTelemetry's attributes for it): the timeline draws a lane per thread."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        thread = threading.current_thread()
+        span.set_attribute("thread.id", threading.get_ident())
+        span.set_attribute("thread.name", thread.name)
+
+    def _on_ending(self, span: Any) -> None:
+        pass
+
+    def on_end(self, span: Any) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
 
 
 class _HookForwarder:
@@ -191,9 +220,12 @@ class RunTracer:
     #: Providers kept, one per run id: a long-lived worker serving many runs stays bounded.
     MAX_RUNS = 16
 
-    def __init__(self, resource: Any, otlp: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, resource: Any, otlp: Mapping[str, Any] | None = None, processors: Any = ()
+    ) -> None:
         self._resource_of = resource
         self._otlp = otlp
+        self._processors = tuple(processors)  # more span processors, for every run's spans
         self._lock = threading.Lock()
         self._base: Any = None
         self._shared: Any = None  # the span processors every run's provider shares
@@ -250,6 +282,8 @@ class RunTracer:
                 resource = Resource.create({})
             self._shared = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
             base = build_tracer_provider(True, self._otlp, resource, self._shared)
+            for processor in self._processors:
+                base.add_span_processor(processor)
             if resource.attributes.get(RUN_ID_BAGGAGE):
                 self._fixed = base.get_tracer(OWN_SCOPE)
             self._tracers[None] = base.get_tracer(OWN_SCOPE)

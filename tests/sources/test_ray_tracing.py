@@ -158,3 +158,43 @@ def test_worker_timer_spans_join_the_driver_step_trace(log_dir, capsys):
             with capsys.disabled():
                 print(f"\nspan tree of step {step} (trace {trace_id.hex()}):")
                 print(span_tree(in_trace, root))
+
+    _the_timeline_has_a_lane_per_actor_and_their_spans_line_up(log_dir)
+
+
+def _the_timeline_has_a_lane_per_actor_and_their_spans_line_up(log_dir: Path) -> None:
+    """The actors' spans reach the driver's trace file in their snapshots (no collector
+    needed); ``otel-rl timeline`` draws each actor on its own lane, and a step's spans on the
+    driver and on both actors line up in time: each actor's timer lies inside the driver timer
+    that called it. The page renders in a real browser with every span counted."""
+    import json
+    import re
+
+    from testkit import browser
+
+    page = log_dir / "timeline.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_rl.cli", "timeline", str(log_dir), "--steps", f"0-{STEPS - 1}",
+         "-o", str(page)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(re.search(r"const RUN = (\{.*?\});</script>", page.read_text())[1])
+    lanes = data["lanes"]
+    actor_lanes = {rank: [i for i, lane in enumerate(lanes) if lane.startswith(f"trainer {rank} ")]
+                   for rank in RANKS}  # fmt: skip
+    assert all(len(found) == 1 for found in actor_lanes.values()), lanes
+    assert sum(lane.startswith("driver") for lane in lanes) == 1, lanes
+    for step in range(STEPS):
+        driver = {s["name"]: s for s in data["spans"]
+                  if s["step"] == step and lanes[s["row"]].startswith("driver")}  # fmt: skip
+        for rank in RANKS:
+            (row,) = actor_lanes[rank]
+            mine = {s["name"]: s for s in data["spans"] if s["row"] == row and s["step"] == step}
+            assert set(mine) == set(WORKER_TIMERS), (step, rank, sorted(mine))
+            for name, outer in WORKER_TIMERS.items():
+                inner, calling = mine[name], driver[outer]
+                assert calling["start"] <= inner["start"] < inner["end"] <= calling["end"]
+    shown = browser.render(page)
+    assert shown.console_errors == [] and shown.body["errors"] == "0", shown.log[-3000:]
+    assert int(shown.body["lanes"]) == len(lanes)
+    assert int(shown.body["spans"]) == len(data["spans"])

@@ -1,0 +1,248 @@
+"""Spans on disk: ``<log_dir>/traces.jsonl`` in OpenTelemetry's OTLP JSON file format.
+
+One line per export: an ``ExportTraceServiceRequest`` in the protobuf JSON mapping with the OTLP
+rules on top (trace and span ids as hex, enums as integers), as the specification's file
+exporter writes it, so that the Collector's ``otlpjsonfile`` receiver can ship a run's spans
+later and ``otel-rl timeline`` can draw them with no server at all.
+
+The request is built by the OTLP exporters' own encoder (``opentelemetry-exporter-otlp-proto-
+common``, already a dependency) and rendered by protobuf's ``json_format``; only the ids are
+re-encoded. OpenTelemetry's own file exporter (``opentelemetry-exporter-otlp-json-file``) pins
+another release of the OTLP common package than the SDK exporters in use here, and it neither
+rotates nor bounds its file, which a run of days needs.
+
+Bounded: when the next line would take ``traces.jsonl`` past half of ``max_bytes``, it becomes
+``traces.1.jsonl`` (replacing the one before) and a new file starts, so both stay within
+``max_bytes`` together and the newest spans are always kept. Written by the span processor's
+thread, never the training thread. A full disk or a file that cannot be written costs the
+batch that met it, is said once, and is tried again at the next batch.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import json
+import os
+import threading
+from collections import deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from otel_rl.process.fork_safe_log import log as _log
+
+MB = 1 << 20
+#: Workers' snapshots of spans waiting to be written (each a list of a worker's spans).
+MAX_CARRIED = 1_000
+
+#: The file under ``log_dir``, and the one it becomes when it is full.
+FILE_NAME = "traces.jsonl"
+ROTATED_NAME = "traces.1.jsonl"
+
+#: Fields of OTLP's trace messages that hold ids: hex in OTLP JSON, base64 in protobuf's mapping.
+_ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
+
+
+def trace_files(log_dir: str | Path) -> list[Path]:
+    """A run's trace files under ``log_dir``, oldest first (those that exist)."""
+    root = Path(log_dir)
+    return [p for p in (root / ROTATED_NAME, root / FILE_NAME) if p.is_file()]
+
+
+def read_requests(log_dir: str | Path) -> Iterator[dict[str, Any]]:
+    """Each export request written under ``log_dir``, oldest first, as OTLP JSON dicts; a line
+    cut short by a crash is skipped."""
+    for path in trace_files(log_dir):
+        with open(path, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                try:
+                    request = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(request, dict):
+                    yield request
+
+
+def otlp_json_line(spans: Sequence[Any]) -> str:
+    """One OTLP JSON line (no newline) for these SDK spans."""
+    from google.protobuf import json_format
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    message = json_format.MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    return json.dumps(_hex_ids(message), separators=(",", ":"), ensure_ascii=False)
+
+
+def _hex_ids(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            key: base64.b64decode(value).hex()
+            if key in _ID_FIELDS and isinstance(value, str)
+            else _hex_ids(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_hex_ids(item) for item in node]
+    return node
+
+
+class TraceFile:
+    """A span exporter (``export``/``force_flush``/``shutdown``) that appends OTLP JSON lines to
+    ``<log_dir>/traces.jsonl``, within ``max_bytes`` on disk with its rotated file.
+
+    Duck-typed rather than a ``SpanExporter`` subclass, so that this module does not import the
+    tracing SDK when tracing is off. In a fork child it writes nothing: the SDK starts the span
+    processor's thread again there, holding the parent's spans, which are the parent's to write.
+    """
+
+    def __init__(self, log_dir: str | Path, max_bytes: int) -> None:
+        self.path = Path(log_dir) / FILE_NAME
+        self.max_bytes = int(max_bytes)
+        #: Spans written, and spans lost (a full disk, one span larger than the file's share).
+        self.written = 0
+        self.lost = 0
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._file: Any = None
+        self._size = 0
+        self._failing = False
+        self._closed = False
+        # Workers' spans (plain tuples from their snapshots), written on a thread of this file.
+        self._carried: deque[list[Any]] = deque()
+        self._carry_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._carrier: threading.Thread | None = None
+
+    def carry(self, plain: list[Any]) -> None:
+        """Write a worker's spans (:data:`~otel_rl.telemetry.span_transfer.PlainSpan`) on this
+        file's own thread: the caller (``log_worker_metrics``) only queues them. At most
+        :data:`MAX_CARRIED` snapshots wait; beyond that the oldest are lost (and counted)."""
+        if not plain or os.getpid() != self._pid or self._closed:
+            return
+        with self._carry_lock:
+            if len(self._carried) >= MAX_CARRIED:
+                self.lost += len(self._carried.popleft())
+            self._carried.append(plain)
+            if self._carrier is None:
+                self._carrier = threading.Thread(
+                    target=self._carry_loop, name="otel-rl-trace-file", daemon=True
+                )
+                self._carrier.start()
+        self._wake.set()
+
+    def _carry_loop(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            self._wake.clear()
+            self._write_carried()
+
+    def _write_carried(self) -> None:
+        from otel_rl.telemetry.span_transfer import readable_spans
+
+        while True:
+            with self._carry_lock:
+                if not self._carried:
+                    return
+                batch = self._carried.popleft()
+            self.export(readable_spans(batch))
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if os.getpid() != self._pid or not spans:
+            return SpanExportResult.SUCCESS
+        with self._lock:
+            if self._closed:
+                return SpanExportResult.FAILURE
+            ok = all(self._write(part) for part in self._lines(list(spans)))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True  # each line is written (to the OS) when it is exported
+
+    def shutdown(self) -> None:
+        if os.getpid() == self._pid:
+            self._write_carried()  # what workers sent before the end is on disk
+        with self._lock:
+            self._closed = True
+            if self._file is not None and os.getpid() == self._pid:
+                try:
+                    self._file.close()
+                except OSError as exc:
+                    self._said(exc)
+            self._file = None
+        self._wake.set()  # the carrier thread ends
+
+    def _lines(self, spans: list[Any]) -> Iterator[tuple[str, int]]:
+        """(line, spans in it): halves a batch whose line exceeds the file's share."""
+        line = otlp_json_line(spans) + "\n"
+        if len(line) <= self.max_bytes // 2:
+            yield line, len(spans)
+        elif len(spans) > 1:
+            middle = len(spans) // 2
+            yield from self._lines(spans[:middle])
+            yield from self._lines(spans[middle:])
+        else:
+            self.lost += 1
+            _log.warning(
+                "otel-rl: a span of %d bytes (%s) is larger than half of tracing.file_max_mb: "
+                "not written to %s; raise tracing.file_max_mb to keep such spans",
+                len(line), getattr(spans[0], "name", "?"), self.path,
+            )  # fmt: skip
+
+    def _write(self, item: tuple[str, int]) -> bool:
+        line, count = item
+        data = line.encode("utf-8")
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = self._open()
+                self._size = self._file.tell()
+            if self._size and self._size + len(data) > self.max_bytes // 2:
+                self._file.close()
+                self._file = None
+                os.replace(self.path, self.path.with_name(ROTATED_NAME))
+                self._file = self._open()
+                self._size = 0
+            view = memoryview(data)
+            while view:  # unbuffered: what failed is not written later by a flush
+                view = view[self._file.write(view) :]
+        except OSError as exc:
+            self.lost += count
+            self._said(exc)
+            self._drop_partial()
+            return False
+        self._size += len(data)
+        self.written += count
+        if self._failing:
+            self._failing = False
+            _log.warning("otel-rl: spans are written to %s again", self.path)
+        return True
+
+    def _open(self) -> Any:
+        return open(self.path, "ab", buffering=0)  # held open for the run
+
+    def _drop_partial(self) -> None:
+        """After a failed write the file may end in part of a line: start the next line on a
+        line of its own (a reader skips the fragment), or reopen at the next batch."""
+        if self._file is None:
+            return
+        try:
+            self._file.write(b"\n")
+            self._size = self._file.tell()
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+    def _said(self, exc: OSError) -> None:
+        if self._failing:
+            return
+        self._failing = True
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        _log.warning(
+            "otel-rl: cannot write spans to %s: %s%s. Training goes on; the spans of each batch "
+            "that fails are lost, and each next batch is tried",
+            self.path, exc, " (the disk is full)" if full else "",
+        )  # fmt: skip

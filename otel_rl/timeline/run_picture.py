@@ -1,0 +1,297 @@
+"""What a run's files say happened when: spans on lanes, steps, stalls, GPU use, each step's
+anatomy; read from ``LOG_DIR`` alone (``traces.jsonl``, ``metrics.jsonl``, ``stalls/``).
+
+A lane is one thread of one process (its role, rank, pid, host, and the thread's name where the
+span says it). Times are seconds since the run's first span or row (``t0``, Unix seconds), so
+that lanes of several processes and nodes line up on one axis, as the spans' own clocks do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from otel_rl.telemetry.trace_file import read_requests
+
+STEP_SPAN = "rl.step"
+STEP_ATTRIBUTE = "rl.step"
+_GPU_UTIL = re.compile(r"^ray/node\.(?P<node>[^.]+)\.gpu\.(?P<gpu>.+)\.util$")
+ANATOMY_PREFIX = "anatomy/"
+_ANATOMY_PHASE = re.compile(r"^anatomy/(?P<phase>[^/]+(?:/[^/]+)*)/seconds$")
+#: The step's wall time among the anatomy rows (not a phase of it).
+_WALL = "wall"
+
+
+@dataclass
+class Span:
+    lane: int
+    name: str
+    start: float  # seconds since t0
+    end: float
+    step: int | None
+    attributes: dict[str, Any]
+    trace_id: str
+    span_id: str
+    parent_id: str
+
+
+@dataclass
+class Lane:
+    process: str  # "driver 0 · pid 123 · host"
+    thread: str
+    resource: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"{self.process} · {self.thread}" if self.thread else self.process
+
+
+@dataclass
+class Step:
+    step: int
+    start: float
+    end: float
+    #: Phase → seconds (the step's ``anatomy/<phase>/seconds`` rows), when anatomy is on.
+    anatomy: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Stall:
+    start: float
+    end: float | None
+    last_step: int | None
+    verdict: str
+    report: str
+
+
+@dataclass
+class RunPicture:
+    log_dir: Path
+    t0: float
+    lanes: list[Lane]
+    spans: list[Span]
+    steps: list[Step]
+    stalls: list[Stall]
+    #: "node n · GPU i" → [(seconds since t0, utilisation %)].
+    gpus: dict[str, list[tuple[float, float]]]
+
+    def slowest_step(self) -> Step | None:
+        return max(self.steps, key=lambda s: s.seconds, default=None)
+
+
+def load_run(log_dir: str | Path) -> RunPicture:
+    """Everything the picture shows, read from the run's files (missing files: empty parts)."""
+    root = Path(log_dir)
+    raw_spans = list(_otlp_spans(read_requests(root)))
+    rows = list(_jsonl(root / "metrics.jsonl"))
+    stall_reports = _stall_reports(root / "stalls")
+    starts = [s["start"] for s in raw_spans]
+    starts += [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
+    starts += [s["start"] for s in stall_reports]
+    t0 = min(starts, default=0.0)
+
+    lanes: list[Lane] = []
+    lane_of: dict[tuple[Any, ...], int] = {}
+    spans: list[Span] = []
+    for raw in sorted(raw_spans, key=lambda s: s["start"]):
+        resource, attributes = raw["resource"], raw["attributes"]
+        thread = str(attributes.get("thread.name", ""))
+        key = (resource.get("host.name"), resource.get("process.pid"),
+               resource.get("otel_rl.role"), resource.get("otel_rl.rank"), thread)  # fmt: skip
+        if key not in lane_of:
+            lane_of[key] = len(lanes)
+            lanes.append(Lane(_process_name(resource), thread, resource))
+        step = attributes.get(STEP_ATTRIBUTE)
+        spans.append(Span(
+            lane=lane_of[key], name=raw["name"], start=raw["start"] - t0, end=raw["end"] - t0,
+            step=step if isinstance(step, int) else None, attributes=attributes,
+            trace_id=raw["trace_id"], span_id=raw["span_id"], parent_id=raw["parent_id"],
+        ))  # fmt: skip
+    _steps_of_children(spans)
+    steps = _steps(spans, rows, t0)
+    stalls = [_stall(report, steps, t0) for report in stall_reports]
+    return RunPicture(root, t0, lanes, spans, steps, stalls, _gpus(rows, t0))
+
+
+def _stall(report: Mapping[str, Any], steps: list[Step], t0: float) -> Stall:
+    """A stall runs from the end of the last step before it to the next step. A report's own
+    times are whole seconds: the step's end, where the run has it, is the exact start."""
+    start = report["start"] - t0
+    last = next((s for s in steps if s.step == report["last_step"]), None)
+    if last is not None and abs(last.end - start) < 2.0:
+        start = last.end
+    seconds = report["seconds"]
+    return Stall(start, None if seconds is None else start + seconds, report["last_step"],
+                 report["verdict"], report["report"])  # fmt: skip
+
+
+def _process_name(resource: Mapping[str, Any]) -> str:
+    role = resource.get("otel_rl.role") or resource.get("service.name") or "process"
+    rank = resource.get("otel_rl.rank")
+    parts = [str(role) if rank is None else f"{role} {rank}"]
+    parts.append(f"pid {resource.get('process.pid', '?')}")
+    if resource.get("host.name"):
+        parts.append(str(resource["host.name"]))
+    return " · ".join(parts)
+
+
+def _steps_of_children(spans: list[Span]) -> None:
+    """A span inside a step's trace belongs to that step (its ``rl.step`` root says which)."""
+    step_of_trace = {s.trace_id: s.step for s in spans if s.name == STEP_SPAN}
+    for span in spans:
+        if span.step is None:
+            span.step = step_of_trace.get(span.trace_id)
+
+
+def _steps(spans: list[Span], rows: list[dict[str, Any]], t0: float) -> list[Step]:
+    """Steps from the ``rl.step`` spans; without tracing, from the rows' times (a step ends
+    when its row is written, and starts when the one before ended)."""
+    anatomy = {
+        row["step"]: _anatomy(row.get("metrics", {}))
+        for row in rows
+        if isinstance(row.get("step"), int) and row.get("axis") is None
+    }
+    by_step: dict[int, Step] = {}
+    for span in spans:  # a step may be several spans (a segment per log call that opened it)
+        if span.name != STEP_SPAN or span.step is None:
+            continue
+        known = by_step.get(span.step)
+        if known is None:
+            by_step[span.step] = Step(span.step, span.start, span.end, _phases(anatomy, span.step))
+        else:
+            known.start, known.end = min(known.start, span.start), max(known.end, span.end)
+    if by_step:
+        return sorted(by_step.values(), key=lambda s: s.step)
+    steps: list[Step] = []
+    previous: float | None = None
+    for row in rows:
+        step, when = row.get("step"), row.get("time")
+        if row.get("axis") is not None or not isinstance(step, int):
+            continue
+        if not isinstance(when, (int, float)):
+            continue
+        end = when - t0
+        wall = anatomy.get(step, {}).get(_WALL)
+        start = previous if previous is not None else (end - wall if wall else end)
+        steps.append(Step(step, start, end, _phases(anatomy, step)))
+        previous = end
+    return steps
+
+
+def _phases(anatomy: Mapping[int, Mapping[str, float]], step: int) -> dict[str, float]:
+    return {k: v for k, v in anatomy.get(step, {}).items() if k != _WALL}
+
+
+def _anatomy(metrics: Mapping[str, Any]) -> dict[str, float]:
+    phases: dict[str, float] = {}
+    for key, value in metrics.items():
+        match = _ANATOMY_PHASE.match(key)
+        if match is None or not isinstance(value, (int, float)):
+            continue
+        if not match["phase"].startswith("critical/"):  # the critical path's copy of a phase
+            phases[match["phase"]] = float(value)
+    return phases
+
+
+def _gpus(rows: Iterable[dict[str, Any]], t0: float) -> dict[str, list[tuple[float, float]]]:
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        when = row.get("time")
+        if row.get("axis") is None or not isinstance(when, (int, float)):
+            continue
+        for key, value in row.get("metrics", {}).items():
+            match = _GPU_UTIL.match(key)
+            if match and isinstance(value, (int, float)):
+                name = f"node {match['node']} · GPU {match['gpu']}"
+                series.setdefault(name, []).append((when - t0, float(value)))
+    return series
+
+
+def _stall_reports(folder: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            report = json.loads(path.read_text())
+            at = datetime.fromisoformat(report["stalled_at"]).timestamp()
+            start = at - float(report.get("seconds_since_step") or 0.0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        ended = report.get("ended") or {}
+        seconds = ended.get("seconds") if isinstance(ended, dict) else None
+        verdict = (report.get("verdict") or {}).get("text") or ""
+        last = report.get("last_step")
+        found.append({"start": start, "verdict": str(verdict),
+                      "seconds": float(seconds) if isinstance(seconds, (int, float)) else None,
+                      "last_step": last if isinstance(last, int) else None,
+                      "report": str(path)})  # fmt: skip
+    return found
+
+
+def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.is_file():
+        return
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if isinstance(row, dict):
+                yield row
+
+
+def _otlp_spans(requests: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Each span of OTLP JSON requests, flattened: name, start/end (Unix seconds), ids,
+    attributes and its resource's attributes. What is not shaped as OTLP is skipped."""
+    for request in requests:
+        for resource_spans in _dicts(request.get("resourceSpans")):
+            resource_node = resource_spans.get("resource")
+            resource = _attributes(
+                resource_node.get("attributes") if isinstance(resource_node, dict) else None
+            )
+            for scope_spans in _dicts(resource_spans.get("scopeSpans")):
+                for span in _dicts(scope_spans.get("spans")):
+                    try:
+                        start = int(span["startTimeUnixNano"]) / 1e9
+                        end = int(span.get("endTimeUnixNano") or span["startTimeUnixNano"]) / 1e9
+                    except (KeyError, ValueError, TypeError):
+                        continue
+                    yield {
+                        "name": str(span.get("name", "")), "start": start, "end": end,
+                        "attributes": _attributes(span.get("attributes")),
+                        "resource": resource, "trace_id": str(span.get("traceId", "")),
+                        "span_id": str(span.get("spanId", "")),
+                        "parent_id": str(span.get("parentSpanId", "")),
+                    }  # fmt: skip
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _attributes(key_values: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in _dicts(key_values):
+        value = kv.get("value")
+        if not isinstance(value, dict):
+            continue
+        key = str(kv.get("key", ""))
+        for kind, item in value.items():
+            if kind == "intValue":
+                with contextlib.suppress(TypeError, ValueError):
+                    out[key] = int(item)
+            elif kind in ("stringValue", "doubleValue", "boolValue"):
+                out[key] = item
+            elif kind == "arrayValue" and isinstance(item, dict):
+                out[key] = [next(iter(v.values()), None) for v in _dicts(item.get("values"))]
+    return out

@@ -1,0 +1,210 @@
+"""``otel-rl timeline``: the demo's run drawn as a page that a real browser renders offline, and as
+a Perfetto trace; what is drawn is counted against the trace file, parsed here on its own."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+from opentelemetry.proto_json.collector.trace.v1.trace_service import (
+    ExportTraceServiceRequest,
+)
+
+from testkit import browser
+
+pytestmark = pytest.mark.skipif(browser.chromium() is None, reason="needs Chromium")
+
+#: The page of 100 demo steps stays under this (docs/timeline.md says so).
+PAGE_LIMIT = 1_500_000
+
+
+def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "otel_rl.cli", *args],
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> Path:
+    """100 demo steps, one of which stalls 3 s in its generation."""
+    root = tmp_path_factory.mktemp("timeline")
+    done = _cli("demo", "--steps", "100", "--log-dir", str(root), "--stall", "3",
+                "--backends", "jsonl")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "exp_001"
+
+
+def _spans(log_dir: Path) -> list[tuple[dict, object]]:
+    out = []
+    for line in (log_dir / "traces.jsonl").read_text().splitlines():
+        for rs in ExportTraceServiceRequest.from_json(line).resource_spans:
+            resource = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
+            out.extend((resource, s) for ss in rs.scope_spans for s in ss.spans)
+    return out
+
+
+def _value(any_value):
+    return next((v for v in (any_value.int_value, any_value.string_value) if v is not None), None)
+
+
+def _attribute(span, key):
+    return next((_value(a.value) for a in span.attributes if a.key == key), None)
+
+
+def _expected(log_dir: Path, first: int, last: int) -> tuple[int, set[tuple]]:
+    """Spans in the time of steps first..last, and their lanes, from the trace file alone."""
+    spans = _spans(log_dir)
+    steps = [s for _, s in spans if s.name == "rl.step"
+             and _attribute(s, "rl.step") in range(first, last + 1)]  # fmt: skip
+    start = min(s.start_time_unix_nano for s in steps)
+    end = max(s.end_time_unix_nano for s in steps)
+    inside = [(r, s) for r, s in spans
+              if s.end_time_unix_nano >= start and s.start_time_unix_nano <= end]  # fmt: skip
+    lanes = {(r.get("process.pid"), r.get("otel_rl.role"), r.get("otel_rl.rank"),
+              _attribute(s, "thread.name")) for r, s in inside}  # fmt: skip
+    return len(inside), lanes
+
+
+def test_the_page_of_a_run_renders_offline_every_span_and_lane_of_its_steps(demo_run, tmp_path):
+    page = tmp_path / "steps.html"
+    done = _cli("timeline", str(demo_run), "--steps", "20-24", "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    count, lanes = _expected(demo_run, 20, 24)
+    assert len(lanes) == 3  # the driver and the demo's two trainer ranks
+    text = page.read_text()
+    # Self-contained: no script, style or image from anywhere else.
+    assert not re.search(r"""<(script|link|img)[^>]+(src|href)=["']?(https?:)?//""", text)
+    shown = browser.render(page)
+    assert shown.console_errors == [] and shown.body["errors"] == "0", shown.log[-3000:]
+    assert int(shown.body["lanes"]) == len(lanes)
+    assert int(shown.body["spans"]) == count  # every span of those steps drawn, none twice
+    assert shown.body["steps"] == "5" and shown.body["stalls"] == "0"
+    assert f"steps 20-24, {count} spans on 3 lanes" in done.stdout
+
+
+def test_by_default_the_page_shows_the_slowest_step_its_stall_and_verdict(demo_run, tmp_path):
+    page = tmp_path / "slowest.html"
+    done = _cli("timeline", str(demo_run), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (demo_run / "metrics.jsonl").read_text().splitlines()]
+    walls = {r["step"]: r["metrics"]["anatomy/wall/seconds"] for r in rows
+             if "anatomy/wall/seconds" in r.get("metrics", {})}  # fmt: skip
+    slowest = max(walls, key=walls.get)
+    assert walls[slowest] > 3.0  # the demo's stall
+    assert f"steps {slowest - 2}-{slowest + 2}," in done.stdout and "1 stall(s)" in done.stdout
+    shown = browser.render(page)
+    assert shown.console_errors == [] and shown.body["errors"] == "0", shown.log[-3000:]
+    assert shown.body["stalls"] == "1" and shown.body["steps"] == "5"
+    data = json.loads(re.search(r"const RUN = (\{.*?\});</script>", page.read_text())[1])
+    (stall,) = data["stalls"]
+    assert "wait_for_a_rollout_that_hangs" in stall["verdict"]
+    assert stall["end"] - stall["start"] == pytest.approx(3.0, abs=0.5)
+    generation = max((s for s in data["spans"] if s["name"] == "generation"),
+                     key=lambda s: s["end"] - s["start"])  # fmt: skip
+    assert generation["step"] == slowest  # the long generation is in the slowest step's trace
+    assert stall["start"] <= generation["end"] and generation["start"] <= stall["end"]
+    assert data["anatomy"] and {"generation", "train/worker_step"} <= set(data["phases"])
+
+
+def test_the_page_of_a_hundred_steps_stays_under_its_stated_size(demo_run, tmp_path):
+    page = tmp_path / "all.html"
+    assert _cli("timeline", str(demo_run), "--steps", "0-99", "-o", str(page)).returncode == 0
+    assert page.stat().st_size < PAGE_LIMIT
+    count, _ = _expected(demo_run, 0, 99)
+    assert int(browser.render(page).body["spans"]) == count
+
+
+#: Chrome's trace-event format (the "JSON Object Format"), for the events written here.
+TRACE_EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["traceEvents"],
+    "properties": {
+        "displayTimeUnit": {"enum": ["ms", "ns"]},
+        "traceEvents": {"type": "array", "items": {
+            "type": "object",
+            "required": ["name", "ph", "pid"],
+            "properties": {
+                "name": {"type": "string"}, "cat": {"type": "string"},
+                "ph": {"enum": ["X", "i", "C", "M"]},
+                "ts": {"type": "number", "minimum": 0}, "dur": {"type": "number", "minimum": 0},
+                "pid": {"type": "integer"}, "tid": {"type": "integer"},
+                "s": {"enum": ["g", "p", "t"]}, "args": {"type": "object"},
+            },
+            "allOf": [
+                {"if": {"properties": {"ph": {"const": "X"}}},
+                 "then": {"required": ["ts", "dur", "tid"]}},
+                {"if": {"properties": {"ph": {"enum": ["i", "C"]}}},
+                 "then": {"required": ["ts"]}},
+                {"if": {"properties": {"ph": {"const": "M"}}},
+                 "then": {"properties": {"name": {"enum": ["process_name", "thread_name"]}},
+                          "required": ["args"]}},
+            ],
+        }},
+    },
+}  # fmt: skip
+
+
+def test_perfetto_format_is_trace_event_json_with_each_span_on_its_thread(demo_run, tmp_path):
+    out = tmp_path / "run.json"
+    done = _cli("timeline", str(demo_run), "--steps", "20-24", "--format", "perfetto",
+                "-o", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    trace = json.loads(out.read_text())
+    jsonschema.validate(trace, TRACE_EVENT_SCHEMA)
+    events = trace["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    count, lanes = _expected(demo_run, 20, 24)
+    assert len(complete) == count
+    threads = {(e["pid"], e["tid"]) for e in complete}
+    assert len(threads) == len(lanes)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}  # fmt: skip
+    assert set(names) >= threads
+    processes = {e["args"]["name"] for e in events if e["ph"] == "M"
+                 and e["name"] == "process_name"}  # fmt: skip
+    assert any(p.startswith("trainer 1 · pid") for p in processes)
+    steps = [e for e in events if e["ph"] == "i" and e["cat"] == "step"]
+    assert [e["name"] for e in steps] == [f"step {n}" for n in range(20, 25)]
+    worker = next(e for e in complete if e["name"] == "worker_step")
+    assert worker["args"]["otel_rl.rank"] in (0, 1) and worker["dur"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "500-600"], "the run has no such step (its steps: 0-99)"),
+        (["--steps", "x"], "expected A-B or A"),
+        (["--steps", "5-2"], "expected 0 <= A <= B"),
+    ],
+)
+def test_a_bad_range_is_refused_with_the_range_the_run_has(demo_run, tmp_path, args, message):
+    done = _cli("timeline", str(demo_run), *args, "-o", str(tmp_path / "x.html"))
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_a_directory_without_spans_or_steps_says_how_to_record_them(tmp_path):
+    done = _cli("timeline", str(tmp_path))
+    assert done.returncode == 2 and "tracing: {enabled: true}" in done.stderr
+    done = _cli("timeline", str(tmp_path / "missing"))
+    assert done.returncode == 2 and "no such directory" in done.stderr
+
+
+def test_a_torn_or_foreign_line_in_the_trace_file_costs_only_itself(demo_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(demo_run, copy, ignore=shutil.ignore_patterns(".otel-rl"))
+    lines = (copy / "traces.jsonl").read_text().splitlines()
+    # A crash's torn line (half of one), a line of another shape, and an array, among the lines.
+    torn = [lines[0][: len(lines[0]) // 2], "[1, 2]", '{"resourceSpans": "x"}', *lines]
+    (copy / "traces.jsonl").write_text("\n".join(torn) + "\n")
+    page = tmp_path / "torn.html"
+    done = _cli("timeline", str(copy), "--steps", "20-24", "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    count, _ = _expected(demo_run, 20, 24)
+    assert int(browser.render(page).body["spans"]) == count

@@ -1,0 +1,185 @@
+"""Spans on disk (``tracing.file``): ``<log_dir>/traces.jsonl`` in the OTLP JSON file format,
+read back with two parsers that know nothing of otel-rl: OpenTelemetry's OTLP JSON messages
+(``opentelemetry-proto-json``, which reads hex ids as the specification writes them) and
+protobuf's own ``json_format`` into ``opentelemetry-proto``'s message."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest as ProtoRequest,
+)
+from opentelemetry.proto_json.collector.trace.v1.trace_service import (
+    ExportTraceServiceRequest as JsonRequest,
+)
+
+from otel_rl import Logger
+from otel_rl.telemetry.trace_file import FILE_NAME, ROTATED_NAME, TraceFile, trace_files
+
+
+def _lines(log_dir: Path) -> list[str]:
+    return [line for path in trace_files(log_dir) for line in path.read_text().splitlines() if line]
+
+
+def _spans(log_dir: Path) -> list[tuple[dict, object]]:
+    """(resource attributes, span) of every span on disk, parsed by OpenTelemetry's messages."""
+    out = []
+    for line in _lines(log_dir):
+        request = JsonRequest.from_json(line)
+        for rs in request.resource_spans:
+            resource = {kv.key: next((v for v in (kv.value.string_value, kv.value.int_value)
+                                      if v is not None), None)
+                        for kv in rs.resource.attributes}  # fmt: skip
+            out.extend((resource, span) for ss in rs.scope_spans for span in ss.spans)
+    return out
+
+
+def _proto_with_hex_ids(line: str) -> ProtoRequest:
+    """protobuf's mapping wants ids in base64; OTLP JSON has them in hex."""
+
+    def ids(node):
+        if isinstance(node, dict):
+            return {k: base64.b64encode(bytes.fromhex(v)).decode()
+                    if k in ("traceId", "spanId", "parentSpanId") and isinstance(v, str)
+                    else ids(v) for k, v in node.items()}  # fmt: skip
+        return [ids(v) for v in node] if isinstance(node, list) else node
+
+    return json_format.ParseDict(ids(json.loads(line)), ProtoRequest())
+
+
+def test_every_timer_of_a_run_is_a_span_on_disk_that_otlp_json_parsers_read(tmp_path):
+    log_dir = tmp_path / "run"
+    with Logger({"log_dir": str(log_dir), "tracing": {"enabled": True}}) as logger:
+        for step in range(3):
+            with logger.timer("generation"), logger.timer("generation/reward"):
+                time.sleep(0.01)
+            with logger.timer("training"):
+                pass
+            logger.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+        run_id = logger.run_id
+    spans = _spans(log_dir)
+    by_name: dict[str, list] = {}
+    for _, span in spans:
+        by_name.setdefault(span.name, []).append(span)
+    assert len(by_name["rl.step"]) == 3
+    assert len(by_name["generation"]) == len(by_name["training"]) == 3
+    assert len(by_name["generation/reward"]) == 3
+    # The OTLP JSON rules: hex ids, which link a child to its parent and a step to its timers.
+    ids = {span.span_id: span for _, span in spans}
+    for reward in by_name["generation/reward"]:
+        parent = ids[reward.parent_span_id]
+        assert parent.name == "generation" and parent.trace_id == reward.trace_id
+        assert reward.end_time_unix_nano - reward.start_time_unix_nano >= 10_000_000
+        assert ids[parent.parent_span_id].name == "rl.step"
+    steps = sorted(
+        next(a.value.int_value for a in s.attributes if a.key == "rl.step")
+        for s in by_name["rl.step"]
+    )
+    assert steps == [0, 1, 2]
+    assert {resource.get("otel_rl.run_id") for resource, _ in spans} == {run_id}
+    raw = json.loads(_lines(log_dir)[0])["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert len(raw["traceId"]) == 32 and int(raw["traceId"], 16) and len(raw["spanId"]) == 16
+    assert isinstance(raw["kind"], int)  # enums as integers
+    # Every line is an ExportTraceServiceRequest for protobuf too, with the same ids.
+    for line in _lines(log_dir):
+        request = _proto_with_hex_ids(line)
+        for rs in request.resource_spans:
+            for span in rs.scope_spans[0].spans:
+                assert span.span_id in ids  # the same 8 bytes as the hex said
+
+
+def test_tracing_file_off_or_tracing_off_writes_no_file(tmp_path):
+    for cfg in ({"tracing": {"enabled": True, "file": False}}, {}):
+        log_dir = tmp_path / str(len(cfg))
+        with Logger({"log_dir": str(log_dir), **cfg}) as logger:
+            with logger.timer("generation"):
+                pass
+            logger.log_metrics({"x": 1.0}, step=0)
+        assert not (log_dir / FILE_NAME).exists()
+
+
+def _span(name: str, size: int = 0):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("t")
+    span = tracer.start_span(name, attributes={"blob": "x" * size} if size else None)
+    span.end()
+    return span
+
+
+def test_the_files_stay_within_their_cap_and_keep_the_newest_spans(tmp_path):
+    cap = 64 * 1024
+    trace_file = TraceFile(tmp_path, cap)
+    names = [f"span-{i}" for i in range(2000)]
+    for start in range(0, len(names), 7):  # batches of 7, as a span processor hands them
+        trace_file.export([_span(n) for n in names[start : start + 7]])
+        on_disk = sum(p.stat().st_size for p in trace_files(tmp_path))
+        assert on_disk <= cap
+    trace_file.shutdown()
+    assert (tmp_path / ROTATED_NAME).exists()
+    kept = [s.name for _, s in _spans(tmp_path)]
+    assert kept == names[-len(kept) :]  # the newest, in order, none twice
+    assert len(kept) > 100 and trace_file.written == len(names)
+
+
+def test_a_batch_larger_than_the_share_is_split_and_a_span_too_large_is_said(tmp_path, caplog):
+    trace_file = TraceFile(tmp_path, 40 * 1024)  # 20 KB a file
+    batch = [_span(f"s{i}", size=3000) for i in range(12)]  # ~40 KB as one line
+    giant = _span("giant", size=50_000)
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        trace_file.export(batch)
+        trace_file.export([giant])
+    assert [s.name for _, s in _spans(tmp_path)] == [f"s{i}" for i in range(12)]
+    assert len(_lines(tmp_path)) > 1  # the batch went in parts
+    assert trace_file.written == 12 and trace_file.lost == 1
+    assert "a span of" in caplog.text and "giant" in caplog.text
+    assert "tracing.file_max_mb" in caplog.text
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_costs_the_batch_is_said_once_and_writing_resumes(tmp_path, caplog):
+    (tmp_path / FILE_NAME).symlink_to("/dev/full")  # every write: ENOSPC, as on a full disk
+    trace_file = TraceFile(tmp_path, 1 << 20)
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        for i in range(5):
+            trace_file.export([_span(f"lost-{i}")])
+        (tmp_path / FILE_NAME).unlink()  # space again
+        trace_file.export([_span("after")])
+    trace_file.shutdown()
+    assert [s.name for _, s in _spans(tmp_path)] == ["after"]
+    assert (trace_file.lost, trace_file.written) == (5, 1)
+    said = [r.getMessage() for r in caplog.records if "cannot write spans" in r.getMessage()]
+    assert len(said) == 1 and "disk is full" in said[0]
+    assert any("written to" in r.getMessage() and "again" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+
+
+def _fork_child_times(logger: Logger, seconds: float) -> None:
+    with logger.timer("in-the-child"):  # a timer of the inherited Logger, on its provider
+        pass
+    time.sleep(seconds)  # the span processor's thread, started again in the child, exports
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
+def test_a_fork_child_writes_nothing_to_the_parent_s_trace_file(tmp_path):
+    log_dir = tmp_path / "run"
+    logger = Logger({"log_dir": str(log_dir), "tracing": {"enabled": True}})
+    with logger.timer("generation"):
+        pass
+    logger.log_metrics({"x": 1.0}, step=0)
+    child = multiprocessing.get_context("fork").Process(
+        target=_fork_child_times, args=(logger, 6.0)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    logger.finish()
+    assert sorted(s.name for _, s in _spans(log_dir)) == ["generation", "rl.step"]
