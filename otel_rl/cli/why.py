@@ -133,6 +133,9 @@ class StepColumns:
     superseded: dict[tuple[str | None, int], int] = field(default_factory=dict)
     #: Slots whose rows were all superseded (their step has no row unless a later one fills it).
     vacant: set[int] = field(default_factory=set)
+    #: The step time (``anatomy/wall/seconds``) of the superseded rows: steps a later attempt
+    #: of the run did again.
+    redone_seconds: float = 0.0
 
     def live_steps(self) -> list[int]:
         """The steps that have rows, in the order first seen."""
@@ -169,6 +172,9 @@ class StepColumns:
         if self.resumes and self.resumes.supersedes(run_id, attempt, step):
             left_out = (run_id, attempt)
             self.superseded[left_out] = self.superseded.get(left_out, 0) + 1
+            self.redone_seconds += sum(
+                v for k, v in pairs if k == WALL_KEY and type(v) in (int, float) and v == v
+            )
             return
         slot = self.slots.get(step)
         if slot is None:
@@ -218,6 +224,9 @@ class StepColumns:
             if supersedes(run_id, attempt, step):
                 key = (run_id, attempt)
                 self.superseded[key] = self.superseded.get(key, 0) + self.slot_rows[slot]
+                wall = self.value(WALL_KEY, slot)
+                if math.isfinite(wall):
+                    self.redone_seconds += wall
                 self.slot_rows[slot] = 0
                 self.vacant.add(slot)
                 self._clear(slot)
@@ -510,6 +519,8 @@ class Stall:
     last_step: int | None
     text: str
     ended: str | None
+    #: From the last step to the next one, once the stall ended.
+    seconds: float | None = None
 
     def lines(self) -> list[str]:
         after = "before any step" if self.last_step is None else f"after step {self.last_step}"
@@ -539,6 +550,41 @@ class Attempts:
 
 
 @dataclass
+class TimeSpent:
+    """Where the whole run's time went: the steps' time by phase (each step's anatomy, summed),
+    what stalls and relaunches cost, and how idle each role of workers was."""
+
+    steps_seconds: float
+    #: ``(phase, seconds)``, the largest first; the phases add up to ``steps_seconds``.
+    phases: list[tuple[str, float]]
+    stalls: int
+    #: From each stall's start to the next step (part of the steps' time).
+    stalls_seconds: float
+    #: The step time of the rows a later attempt did again (outside the steps' time).
+    redone_steps: int
+    redone_seconds: float
+    #: ``(role, idle share of the steps' time its workers were there for)``.
+    idle: list[tuple[str, float]]
+
+    def lines(self) -> list[str]:
+        total = self.steps_seconds
+        lines = [f"where the run's time went ({duration(total)} of steps):", "  by phase:"]
+        width = max((len(name) for name, _ in self.phases), default=0)
+        for name, seconds in self.phases:
+            share = percent(seconds / total) if total > 0 else "-"
+            lines.append(f"    {name:<{width}}  {duration(seconds):>9}  {share:>5}")
+        if self.stalls:
+            share = f" ({percent(self.stalls_seconds / total)} of the steps' time)" if total else ""
+            lines.append(f"  lost to {self.stalls} stall(s): {duration(self.stalls_seconds)}"
+                         f"{share}")  # fmt: skip
+        if self.redone_steps:
+            lines.append(f"  lost to relaunches: {duration(self.redone_seconds)} "
+                         f"({self.redone_steps} step row(s) a later attempt did again)")  # fmt: skip
+        lines += [f"  {role} idle {percent(share)} of the steps' time" for role, share in self.idle]
+        return lines
+
+
+@dataclass
 class Answer:
     """Everything ``otel-rl why`` says about a run; :meth:`to_text` and :meth:`to_json`."""
 
@@ -554,6 +600,7 @@ class Answer:
     notes: list[str]
     #: A relaunched run's resume points and the rows of earlier attempts they superseded.
     attempts: Attempts = field(default_factory=lambda: Attempts([], []))
+    time_spent: TimeSpent | None = None
 
     def to_text(self) -> str:
         lines = [f"otel-rl why: {self.metrics} ({self.steps} steps: {self.step_ranges})"]
@@ -567,6 +614,8 @@ class Answer:
                 lines.append(f"  critical path: {self.anatomy.critical_path}")
             lines += [f"  workers {r.words()}" for r in self.anatomy.roles]
             lines += [f"  reduced timing {t.words()}" for t in self.anatomy.timings]
+        if self.time_spent is not None:
+            lines += ["", *self.time_spent.lines()]
         lines += ["", f"stalls: {len(self.stalls) or 'none found'}"]
         lines += [f"  {line}" for stall in self.stalls for line in stall.lines()]
         lines += [f"stragglers: {len(self.stragglers) or 'none found'}"]
@@ -591,6 +640,7 @@ class Answer:
             "stragglers": [_plain(s) for s in self.stragglers],
             "notes": self.notes,
             "attempts": _plain(self.attempts),
+            "time_spent": _plain(self.time_spent) if self.time_spent is not None else None,
         }
 
 
@@ -695,6 +745,7 @@ def explain(target: str | Path, step: int | None = None, top: int = TOP) -> Answ
         anatomy = _anatomy(table, chosen, times, median, measured_by, phases)
 
     stalls, stragglers, more = _events_and_stalls(files)
+    time_spent = _time_spent(table, phases, stalls) if measured_by == "anatomy" else None
     return Answer(
         metrics=str(files.metrics),
         steps=len(steps),
@@ -707,7 +758,33 @@ def explain(target: str | Path, step: int | None = None, top: int = TOP) -> Answ
         stragglers=stragglers,
         notes=notes + more,
         attempts=_attempts(table),
+        time_spent=time_spent,
     )
+
+
+def _time_spent(table: StepColumns, phases: Mapping[str, str], stalls: list[Stall]) -> TimeSpent:
+    """The whole run's :class:`TimeSpent`, from its anatomy rows (the steps kept: a row a later
+    attempt superseded counts as redone, not twice)."""
+    total = sum(v for _, v in table.present(WALL_KEY))
+    by_phase = sorted(
+        ((name, sum(v for _, v in table.present(key))) for key, name in phases.items()),
+        key=lambda item: (-item[1], item[0]),
+    )
+    wall = table.columns.get(WALL_KEY)
+    idle = []
+    for key in sorted(k for k in table.columns if k.startswith(ANATOMY) and k.endswith(BUSY)):
+        there = [(fraction, wall[slot]) for slot, fraction in table.present(key)
+                 if wall is not None and slot < len(wall) and math.isfinite(wall[slot])]  # fmt: skip
+        seconds = sum(w for _, w in there)
+        if seconds > 0:
+            busy = sum(min(1.0, max(0.0, f)) * w for f, w in there)
+            idle.append((key[len(ANATOMY) : -len(BUSY)], 1.0 - busy / seconds))
+    ended = [s.seconds for s in stalls if s.seconds is not None]
+    return TimeSpent(
+        steps_seconds=total, phases=by_phase, stalls=len(stalls), stalls_seconds=sum(ended),
+        redone_steps=sum(table.superseded.values()), redone_seconds=table.redone_seconds,
+        idle=idle,
+    )  # fmt: skip
 
 
 def _attempts(table: StepColumns) -> Attempts:
@@ -930,12 +1007,14 @@ def _stall(report: Mapping[str, Any], path: Path) -> Stall:
         text = report.get("summary") or _summary(report)
     ended = report.get("ended")
     last = report.get("last_step")
+    seconds = ended.get("seconds") if isinstance(ended, Mapping) else None
     return Stall(
         report=str(path),
         stalled_at=str(report["stalled_at"]) if report.get("stalled_at") else None,
         last_step=last if type(last) is int else None,
         text=str(text),
         ended=str(ended.get("summary")) if isinstance(ended, Mapping) else None,
+        seconds=float(seconds) if type(seconds) in (int, float) and seconds >= 0 else None,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -80,12 +81,17 @@ def _depths(window: Window) -> dict[str, int]:
     return depths
 
 
-def render(picture: RunPicture, window: Window) -> str:
+def render(picture: RunPicture, window: Window, time_spent: Sequence[str] = ()) -> str:
+    """The page; ``time_spent``: lines on where the whole run's time went (``otel-rl why``'s),
+    shown under the charts."""
     data = json.dumps(page_data(picture, window), separators=(",", ":"))
     # "</" cannot close the script that holds the data, whatever a span is called.
     data = data.replace("</", "<\\/")
     title = html.escape(f"otel-rl timeline · {picture.log_dir}")
-    return _TEMPLATE.format(title=title, echarts=_echarts(), data=data, script=_SCRIPT)
+    summary = html.escape("\n".join(time_spent))
+    return _TEMPLATE.format(
+        title=title, echarts=_echarts(), data=data, script=_SCRIPT, time_spent=summary
+    )
 
 
 _TEMPLATE = """<!doctype html>
@@ -95,6 +101,7 @@ body {{ font: 13px system-ui, sans-serif; margin: 12px; color: #222; }}
 h1 {{ font-size: 15px; margin: 0 0 8px; }}
 .chart {{ width: 100%; }}
 #legend {{ color: #555; margin: 4px 0 10px; }}
+#time-spent {{ font: 12px ui-monospace, monospace; color: #333; margin-left: 12px; }}
 </style></head>
 <body data-lanes="0" data-spans="0" data-steps="0" data-errors="0">
 <h1>{title}</h1>
@@ -102,6 +109,7 @@ h1 {{ font-size: 15px; margin: 0 0 8px; }}
 <div id="timeline" class="chart"></div>
 <div id="gpus" class="chart"></div>
 <div id="anatomy" class="chart" style="height:260px"></div>
+<pre id="time-spent">{time_spent}</pre>
 <script>window.addEventListener("error", function () {{
   document.body.dataset.errors = String(Number(document.body.dataset.errors) + 1); }});</script>
 <script>{echarts}</script>

@@ -3,6 +3,7 @@ a Perfetto trace; what is drawn is counted against the trace file, parsed here o
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
@@ -108,6 +109,13 @@ def test_by_default_the_page_shows_the_slowest_step_its_stall_and_verdict(demo_r
     assert generation["step"] == slowest  # the long generation is in the slowest step's trace
     assert stall["start"] <= generation["end"] and generation["start"] <= stall["end"]
     assert data["anatomy"] and {"generation", "train/worker_step"} <= set(data["phases"])
+    # The whole run's time, as `otel-rl why` tells it, under the charts.
+    why = _cli("why", str(demo_run)).stdout.splitlines()
+    table = why[why.index(next(line for line in why if line.startswith("where the run's"))):]
+    table = table[: table.index("")]
+    shown_table = re.search(r'<pre id="time-spent">(.*?)</pre>', page.read_text(), re.S)[1]
+    assert html.unescape(shown_table).splitlines() == table
+    assert any(line.startswith("  lost to 1 stall(s): ") for line in table)
 
 
 def test_the_page_of_a_hundred_steps_stays_under_its_stated_size(demo_run, tmp_path):

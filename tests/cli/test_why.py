@@ -694,3 +694,50 @@ def test_a_reader_that_stops_early_ends_the_command_quietly_with_141(log_dir, tm
     assert code == STDOUT_CLOSED == 141
     # The same answer read whole: far more than the pipe held when the reader left.
     assert len(json.dumps(explain(big.parent, top=2000).to_json(), indent=2)) > 256 * 1024
+
+
+def test_where_the_run_s_time_went_adds_up_to_its_rows_stalls_and_relaunches(log_dir):
+    """Run ``x`` logs 0-9 (its step 8 stalls 1.2 s in generation: a stall report), is relaunched
+    from step 5 and logs 5-12: the steps' time is the kept rows' walls summed, each phase its
+    rows summed, the stall its report's length, the relaunch the walls of the superseded rows
+    (attempt 1's 5-9, its stalled step 8 among them)."""
+    cfg = {"log_dir": str(log_dir), "run_id": "x", "stalls": {"after": 0.3, "factor": 1.0}}
+    with Logger(cfg) as logger:
+        for step in range(10):
+            with logger.timer("generation"):
+                time.sleep(1.2 if step == 8 else 0.01)
+            with logger.timer("train"):
+                time.sleep(0.005)
+            logger.log_metrics({"loss": float(step)}, step=step)
+    relaunch(log_dir, range(5, 13), {})
+    path = log_dir / "metrics.jsonl"
+    latest = rows_by_step(path)
+    total = sum(row["anatomy/wall/seconds"] for row in latest.values())
+    phases = {key[len("anatomy/") : -len("/seconds")]: sum(r.get(key, 0.0) for r in latest.values())
+              for key in {k for r in latest.values() for k in r}
+              if key.startswith("anatomy/") and key.endswith("/seconds")
+              and key != "anatomy/wall/seconds" and not key.startswith("anatomy/critical/")}
+    # fmt: skip
+    redone = [r for r in jsonl_rows(path) if r.get("attempt") == 1 and 5 <= r.get("step", -1) <= 9]
+    redone_seconds = sum(r["metrics"]["anatomy/wall/seconds"] for r in redone)
+    assert redone_seconds > 1.2  # the stalled step 8 of the first attempt is among them
+    (report,) = [json.loads(p.read_text()) for p in (log_dir / "stalls").glob("*.json")]
+
+    answer = json.loads(why(log_dir, "--json").stdout)["time_spent"]
+    assert answer["steps_seconds"] == pytest.approx(total, rel=1e-9)
+    assert dict(answer["phases"]) == pytest.approx(phases, rel=1e-9)
+    assert sum(s for _, s in answer["phases"]) == pytest.approx(total, rel=1e-3)
+    assert [name for name, _ in answer["phases"]][0] == "generation"
+    assert (answer["stalls"], answer["stalls_seconds"]) == (1, report["ended"]["seconds"])
+    assert answer["redone_steps"] == 5
+    assert answer["redone_seconds"] == pytest.approx(redone_seconds, rel=1e-9)
+
+    out = why(log_dir).stdout.splitlines()
+    head = out.index(f"where the run's time went ({duration(total)} of steps):")
+    generation = phases["generation"]
+    assert out[head + 1] == "  by phase:"
+    assert out[head + 2].split() == ["generation", *duration(generation).split(),
+                                     *percent(generation / total).split()]  # fmt: skip
+    assert (f"  lost to relaunches: {duration(redone_seconds)} (5 step row(s) a later attempt "
+            "did again)") in out  # fmt: skip
+    assert any(line.startswith("  lost to 1 stall(s): ") for line in out)
