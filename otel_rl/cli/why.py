@@ -578,8 +578,10 @@ class TimeSpent:
             lines.append(f"  lost to {self.stalls} stall(s): {duration(self.stalls_seconds)}"
                          f"{share}")  # fmt: skip
         if self.redone_steps:
-            lines.append(f"  lost to relaunches: {duration(self.redone_seconds)} "
-                         f"({self.redone_steps} step row(s) a later attempt did again)")  # fmt: skip
+            lines.append(
+                f"  lost to relaunches: {duration(self.redone_seconds)} "
+                f"({self.redone_steps} step row(s) a later attempt did again)"
+            )
         lines += [f"  {role} idle {percent(share)} of the steps' time" for role, share in self.idle]
         return lines
 
@@ -773,8 +775,11 @@ def _time_spent(table: StepColumns, phases: Mapping[str, str], stalls: list[Stal
     wall = table.columns.get(WALL_KEY)
     idle = []
     for key in sorted(k for k in table.columns if k.startswith(ANATOMY) and k.endswith(BUSY)):
-        there = [(fraction, wall[slot]) for slot, fraction in table.present(key)
-                 if wall is not None and slot < len(wall) and math.isfinite(wall[slot])]  # fmt: skip
+        there = [
+            (fraction, wall[slot])
+            for slot, fraction in table.present(key)
+            if wall is not None and slot < len(wall) and math.isfinite(wall[slot])
+        ]
         seconds = sum(w for _, w in there)
         if seconds > 0:
             busy = sum(min(1.0, max(0.0, f)) * w for f, w in there)

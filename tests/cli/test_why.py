@@ -713,11 +713,11 @@ def test_where_the_run_s_time_went_adds_up_to_its_rows_stalls_and_relaunches(log
     path = log_dir / "metrics.jsonl"
     latest = rows_by_step(path)
     total = sum(row["anatomy/wall/seconds"] for row in latest.values())
-    phases = {key[len("anatomy/") : -len("/seconds")]: sum(r.get(key, 0.0) for r in latest.values())
-              for key in {k for r in latest.values() for k in r}
-              if key.startswith("anatomy/") and key.endswith("/seconds")
-              and key != "anatomy/wall/seconds" and not key.startswith("anatomy/critical/")}
-    # fmt: skip
+    keys = {k for r in latest.values() for k in r if k.startswith("anatomy/")
+            and k.endswith("/seconds") and k != "anatomy/wall/seconds"
+            and not k.startswith("anatomy/critical/")}  # fmt: skip
+    phases = {k[len("anatomy/") : -len("/seconds")]: sum(r.get(k, 0.0) for r in latest.values())
+              for k in keys}  # fmt: skip
     redone = [r for r in jsonl_rows(path) if r.get("attempt") == 1 and 5 <= r.get("step", -1) <= 9]
     redone_seconds = sum(r["metrics"]["anatomy/wall/seconds"] for r in redone)
     assert redone_seconds > 1.2  # the stalled step 8 of the first attempt is among them
