@@ -727,7 +727,7 @@ def test_where_the_run_s_time_went_adds_up_to_its_rows_stalls_and_relaunches(log
     assert answer["steps_seconds"] == pytest.approx(total, rel=1e-9)
     assert dict(answer["phases"]) == pytest.approx(phases, rel=1e-9)
     assert sum(s for _, s in answer["phases"]) == pytest.approx(total, rel=1e-3)
-    assert [name for name, _ in answer["phases"]][0] == "generation"
+    assert answer["phases"][0][0] == "generation"  # the largest first
     assert (answer["stalls"], answer["stalls_seconds"]) == (1, report["ended"]["seconds"])
     assert answer["redone_steps"] == 5
     assert answer["redone_seconds"] == pytest.approx(redone_seconds, rel=1e-9)
