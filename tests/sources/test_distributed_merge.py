@@ -202,7 +202,7 @@ def test_reductions_and_tracing_config_are_checked_up_front():
 
     cfg = resolve_config({"reductions": {"timing/*": ["max", "min"], "a/b": "sum"}})
     assert cfg["reductions"] == {"timing/*": ["max", "min"], "a/b": "sum"}
-    assert resolve_config({})["tracing"] == {"enabled": False}
+    assert resolve_config({})["tracing"] == {"enabled": False, "file": True, "file_max_mb": 64}
     with pytest.raises(ConfigError, match=r"'reductions.timing/\*'.*unknown reduction 'p99'"):
         resolve_config({"reductions": {"timing/*": ["max", "p99"]}})
     with pytest.raises(ConfigError, match="'reductions' must be a mapping"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -71,7 +72,11 @@ def test_nested_timers_become_child_spans_with_worker_attributes(log_dir):
 
     (forward,) = capture_worker.get_finished_spans()
     assert forward.parent.span_id == step.context.span_id
-    assert dict(forward.attributes) == {"otel_rl.role": "actor", "otel_rl.rank": 3}
+    assert dict(forward.attributes) == {
+        "otel_rl.role": "actor", "otel_rl.rank": 3,
+        # the thread it ran on: the timeline's lane (docs/timeline.md)
+        "thread.id": threading.get_ident(), "thread.name": threading.current_thread().name,
+    }  # fmt: skip
     assert forward.resource.attributes["otel_rl.rank"] == 3
     # the timers still feed their histograms, on the step they ran in
     row = jsonl_rows(log_dir / "metrics.jsonl")[0]["metrics"]
