@@ -15,7 +15,7 @@ from otel_rl.core.records import Hyperparams, Plot, Table
 from otel_rl.core.redaction import compile_patterns, flatten_params, redact
 from otel_rl.core.values import histogram_of_values
 from otel_rl.delivery.fanout import Fanout
-from otel_rl.distributed.snapshot import SPANS_KEY
+from otel_rl.distributed.snapshot import SPANS_DROPPED_KEY, SPANS_KEY
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.process.lifecycle import exit_code_of
 from otel_rl.run.history import RUN_ID_ENV, RunHistory, continue_tracker_runs
@@ -215,9 +215,11 @@ class Logger:
         trace_file = self._run.trace_file
         if trace_file is not None:  # the workers' spans, written on the trace file's thread
             for snapshot in snapshots:
-                spans = snapshot.get(SPANS_KEY) if isinstance(snapshot, Mapping) else None
+                if not isinstance(snapshot, Mapping):
+                    continue
+                spans, dropped = snapshot.get(SPANS_KEY), snapshot.get(SPANS_DROPPED_KEY)
                 if isinstance(spans, list):
-                    trace_file.carry(spans)
+                    trace_file.carry(spans, dropped if type(dropped) is int else 0)
         rows = self._intake.merged(snapshots, prefix)
         if rows is not None:
             self.log_metrics(rows, step=step, step_finished=step_finished)

@@ -21,6 +21,14 @@ def run(log_dir: str, steps: str | None = None, out: str | None = None,
         return 2
     picture = load_run(root)
     if not picture.spans and not picture.steps:
+        runs = sorted(p.parent.name for p in root.glob("*/metrics.jsonl"))
+        runs += sorted(p.parent.name for p in root.glob("*/traces.jsonl")
+                       if p.parent.name not in runs)  # fmt: skip
+        if runs:
+            print(f"otel-rl timeline: {log_dir} is not a run but holds runs: "
+                  f"{', '.join(runs[:10])}{' …' if len(runs) > 10 else ''}; name one, e.g. "
+                  f"otel-rl timeline {root / runs[-1]}", file=sys.stderr)  # fmt: skip
+            return 2
         print(
             f"otel-rl timeline: {log_dir} holds no spans (traces.jsonl) and no steps "
             "(metrics.jsonl): run with tracing: {enabled: true} to record spans",
@@ -28,7 +36,7 @@ def run(log_dir: str, steps: str | None = None, out: str | None = None,
         )
         return 2
     try:
-        window = choose(picture, parse_steps(steps) if steps else None)
+        window = choose(picture, None if steps is None else parse_steps(steps))
     except ValueError as exc:
         print(f"otel-rl timeline: {exc}", file=sys.stderr)
         return 2

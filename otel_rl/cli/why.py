@@ -519,8 +519,13 @@ class Stall:
     last_step: int | None
     text: str
     ended: str | None
-    #: From the last step to the next one, once the stall ended.
+    #: From the last step to the next one once the stall ended; before that, how long it
+    #: had lasted when its report was last written.
     seconds: float | None = None
+    #: Whether it ended (a run killed in it never wrote its end).
+    over: bool = False
+    #: The launch of the run it happened in (reports of earlier releases: 1).
+    attempt: int = 1
 
     def lines(self) -> list[str]:
         after = "before any step" if self.last_step is None else f"after step {self.last_step}"
@@ -558,8 +563,12 @@ class TimeSpent:
     #: ``(phase, seconds)``, the largest first; the phases add up to ``steps_seconds``.
     phases: list[tuple[str, float]]
     stalls: int
-    #: From each stall's start to the next step (part of the steps' time).
+    #: From each stall's start to the next step (part of the steps' time); a stall the run never
+    #: got out of counts until its report was last written. Stalls in steps a later attempt did
+    #: again are in ``redone_seconds`` instead.
     stalls_seconds: float
+    #: Of those, the stalls that never ended.
+    stalls_not_over: int
     #: The step time of the rows a later attempt did again (outside the steps' time).
     redone_steps: int
     redone_seconds: float
@@ -575,6 +584,8 @@ class TimeSpent:
             lines.append(f"    {name:<{width}}  {duration(seconds):>9}  {share:>5}")
         if self.stalls:
             share = f" ({percent(self.stalls_seconds / total)} of the steps' time)" if total else ""
+            if self.stalls_not_over:
+                share += f"; {self.stalls_not_over} never ended: counted until last reported"
             lines.append(f"  lost to {self.stalls} stall(s): {duration(self.stalls_seconds)}"
                          f"{share}")  # fmt: skip
         if self.redone_steps:
@@ -764,6 +775,12 @@ def explain(target: str | Path, step: int | None = None, top: int = TOP) -> Answ
     )
 
 
+def _redone(table: StepColumns, stall: Stall) -> bool:
+    """Whether the step the stall held up was done again by a later attempt of the run."""
+    held = None if stall.last_step is None else table.slots.get(stall.last_step + 1)
+    return held is not None and table.attempts[held] > stall.attempt
+
+
 def _time_spent(table: StepColumns, phases: Mapping[str, str], stalls: list[Stall]) -> TimeSpent:
     """The whole run's :class:`TimeSpent`, from its anatomy rows (the steps kept: a row a later
     attempt superseded counts as redone, not twice)."""
@@ -784,9 +801,12 @@ def _time_spent(table: StepColumns, phases: Mapping[str, str], stalls: list[Stal
         if seconds > 0:
             busy = sum(min(1.0, max(0.0, f)) * w for f, w in there)
             idle.append((key[len(ANATOMY) : -len(BUSY)], 1.0 - busy / seconds))
-    ended = [s.seconds for s in stalls if s.seconds is not None]
+    # A stall belongs to the steps' time unless a later attempt did its step again.
+    kept = [s for s in stalls if not _redone(table, s)]
     return TimeSpent(
-        steps_seconds=total, phases=by_phase, stalls=len(stalls), stalls_seconds=sum(ended),
+        steps_seconds=total, phases=by_phase, stalls=len(kept),
+        stalls_seconds=sum(s.seconds for s in kept if s.seconds is not None),
+        stalls_not_over=sum(1 for s in kept if not s.over),
         redone_steps=sum(table.superseded.values()), redone_seconds=table.redone_seconds,
         idle=idle,
     )  # fmt: skip
@@ -1013,13 +1033,19 @@ def _stall(report: Mapping[str, Any], path: Path) -> Stall:
     ended = report.get("ended")
     last = report.get("last_step")
     seconds = ended.get("seconds") if isinstance(ended, Mapping) else None
+    over = type(seconds) in (int, float)
+    if not over:
+        seconds = report.get("seconds_since_step")
+    attempt = report.get("attempt")
     return Stall(
         report=str(path),
         stalled_at=str(report["stalled_at"]) if report.get("stalled_at") else None,
         last_step=last if type(last) is int else None,
         text=str(text),
         ended=str(ended.get("summary")) if isinstance(ended, Mapping) else None,
-        seconds=float(seconds) if type(seconds) in (int, float) and seconds >= 0 else None,
+        seconds=float(seconds) if isinstance(seconds, (int, float)) and seconds >= 0 else None,
+        over=over,
+        attempt=attempt if type(attempt) is int else 1,
     )
 
 

@@ -121,6 +121,7 @@ class RunSources:
             log_records=OtlpLogRecords(otlp, pipeline.resource) if otlp else None,
             gpu_latest=(lambda: gpu.scraper.latest) if gpu is not None else None,
             engines=engines,
+            attempt=cfg.attempt,
         )
         if pipeline.has_side_readers:
             from otel_rl.core.catalogue import SECONDS_SINCE_STEP, STALLED

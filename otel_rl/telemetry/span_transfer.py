@@ -98,6 +98,6 @@ def readable_spans(plain: list[PlainSpan]) -> list[Any]:
                 start_time=int(start), end_time=int(end),
                 instrumentation_scope=InstrumentationScope(str(scope)),
             ))  # fmt: skip
-        except (TypeError, ValueError):
+        except Exception:  # a malformed entry (an id out of range, a bad type): only itself
             continue
     return spans

@@ -71,7 +71,8 @@ def otlp_json_line(spans: Sequence[Any]) -> str:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     message = json_format.MessageToDict(encode_spans(spans), use_integers_for_enums=True)
-    return json.dumps(_hex_ids(message), separators=(",", ":"), ensure_ascii=False)
+    # ASCII only: a span named with U+2028 stays on its line for any reader's idea of a line.
+    return json.dumps(_hex_ids(message), separators=(",", ":"))
 
 
 def _hex_ids(node: Any) -> Any:
@@ -114,11 +115,15 @@ class TraceFile:
         self._wake = threading.Event()
         self._carrier: threading.Thread | None = None
 
-    def carry(self, plain: list[Any]) -> None:
+    def carry(self, plain: list[Any], dropped: int = 0) -> None:
         """Write a worker's spans (:data:`~otel_rl.telemetry.span_transfer.PlainSpan`) on this
         file's own thread: the caller (``log_worker_metrics``) only queues them. At most
-        :data:`MAX_CARRIED` snapshots wait; beyond that the oldest are lost (and counted)."""
-        if not plain or os.getpid() != self._pid or self._closed:
+        :data:`MAX_CARRIED` snapshots wait; beyond that the oldest are lost (and counted, with
+        the ``dropped`` spans a worker had no room for)."""
+        if os.getpid() != self._pid or self._closed:
+            return
+        self.lost += dropped
+        if not plain:
             return
         with self._carry_lock:
             if len(self._carried) >= MAX_CARRIED:
@@ -135,7 +140,10 @@ class TraceFile:
         while not self._closed:
             self._wake.wait()
             self._wake.clear()
-            self._write_carried()
+            try:
+                self._write_carried()
+            except Exception as exc:  # never end the thread: the next snapshots still come
+                _log.warning("otel-rl: workers' spans not written to %s: %r", self.path, exc)
 
     def _write_carried(self) -> None:
         from otel_rl.telemetry.span_transfer import readable_spans
@@ -163,7 +171,16 @@ class TraceFile:
 
     def shutdown(self) -> None:
         if os.getpid() == self._pid:
-            self._write_carried()  # what workers sent before the end is on disk
+            with contextlib.suppress(Exception):  # a malformed snapshot costs only itself
+                self._write_carried()  # what workers sent before the end is on disk
+            if self.lost:
+                _log.warning(
+                    "otel-rl: %d span(s) are not in %s (%d written): a full disk or a file that "
+                    "could not be written, a span larger than half of tracing.file_max_mb or one "
+                    "that could not be encoded, or more spans than a worker keeps between two "
+                    "snapshots (2,000) or the driver queues (1,000 snapshots)",
+                    self.lost, self.path, self.written,
+                )  # fmt: skip
         with self._lock:
             self._closed = True
             if self._file is not None and os.getpid() == self._pid:
@@ -175,8 +192,20 @@ class TraceFile:
         self._wake.set()  # the carrier thread ends
 
     def _lines(self, spans: list[Any]) -> Iterator[tuple[str, int]]:
-        """(line, spans in it): halves a batch whose line exceeds the file's share."""
-        line = otlp_json_line(spans) + "\n"
+        """(line, spans in it): halves a batch whose line exceeds the file's share, or that
+        cannot be encoded (a span with an id out of range), down to the span at fault."""
+        try:
+            line = otlp_json_line(spans) + "\n"
+        except Exception as exc:
+            if len(spans) > 1:
+                middle = len(spans) // 2
+                yield from self._lines(spans[:middle])
+                yield from self._lines(spans[middle:])
+            else:
+                self.lost += 1
+                _log.warning("otel-rl: span %r not written to %s: %r",
+                             getattr(spans[0], "name", "?"), self.path, exc)  # fmt: skip
+            return
         if len(line) <= self.max_bytes // 2:
             yield line, len(spans)
         elif len(spans) > 1:
@@ -221,7 +250,20 @@ class TraceFile:
         return True
 
     def _open(self) -> Any:
-        return open(self.path, "ab", buffering=0)  # held open for the run
+        """The file, for appending; one that ends in part of a line (a crash, a disk that was
+        full) gets its line ended first, so that the next line is whole."""
+        file = open(self.path, "ab", buffering=0)  # noqa: SIM115  # held open for the run
+        try:
+            size = file.tell()
+            if size:
+                with open(self.path, "rb") as tail:
+                    tail.seek(size - 1)
+                    if tail.read(1) != b"\n":
+                        file.write(b"\n")
+        except OSError:
+            file.close()
+            raise
+        return file
 
     def _drop_partial(self) -> None:
         """After a failed write the file may end in part of a line: start the next line on a

@@ -37,6 +37,8 @@ STEP_ATTRIBUTE = "rl.step"
 RUN_ID_BAGGAGE = "otel_rl.run_id"
 #: The row column that links a step's curves to its trace.
 TRACE_ID_KEY = "trace_id"
+#: Spans the trace file's span processor holds before it drops the newest.
+TRACE_FILE_QUEUE = 32_768
 
 # Set once per process by ``otel_rl.ray.tracing.setup`` (the Ray tracing hook): the span processor
 # that exports to the collector named by ``OTEL_EXPORTER_OTLP_*`` (``None`` when
@@ -78,7 +80,14 @@ def build_tracer_provider(
     if trace_file is not None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        provider.add_span_processor(BatchSpanProcessor(trace_file, meter_provider=quiet))
+        # A loop that times a few phases per step flat out ends more spans in the processor's
+        # 5 s than its default queue holds (2,048): the file's holds a larger burst.
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                trace_file, max_queue_size=TRACE_FILE_QUEUE, schedule_delay_millis=1000,
+                meter_provider=quiet,
+            )
+        )  # fmt: skip
     if otlp is not None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 

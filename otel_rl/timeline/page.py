@@ -85,8 +85,9 @@ def render(picture: RunPicture, window: Window, time_spent: Sequence[str] = ()) 
     """The page; ``time_spent``: lines on where the whole run's time went (``otel-rl why``'s),
     shown under the charts."""
     data = json.dumps(page_data(picture, window), separators=(",", ":"))
-    # "</" cannot close the script that holds the data, whatever a span is called.
-    data = data.replace("</", "<\\/")
+    # No "<" at all inside the script that holds the data ("</script>", "<!--<script>" and the
+    # like change how HTML reads a script), whatever a span or a thread is called.
+    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     title = html.escape(f"otel-rl timeline · {picture.log_dir}")
     summary = html.escape("\n".join(time_spent))
     return _TEMPLATE.format(

@@ -26,9 +26,10 @@ def trace_events(picture: RunPicture, window: Window) -> dict[str, Any]:
         args = {str(k): _plain(v) for k, v in span.attributes.items()}
         if span.step is not None:
             args.setdefault("rl.step", span.step)
+        ts, end = round(span.start * _US, 3), round(span.end * _US, 3)
         events.append({
-            "name": span.name, "cat": "span", "ph": "X", "ts": round(span.start * _US, 3),
-            "dur": round(max(0.0, span.end - span.start) * _US, 3),
+            "name": span.name, "cat": "span", "ph": "X", "ts": ts,
+            "dur": round(max(0.0, end - ts), 3),
             "pid": pids[lane.process], "tid": span.lane + 1, "args": args,
         })  # fmt: skip
     run_pid = len(pids) + 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ class Span:
     trace_id: str
     span_id: str
     parent_id: str
+    #: The launch of the run that recorded it (``otel_rl.attempt``; a relaunch is the next).
+    attempt: int = 1
 
 
 @dataclass
@@ -72,6 +75,9 @@ class Stall:
     last_step: int | None
     verdict: str
     report: str
+    attempt: int = 1
+    #: How long it had lasted when its report was last written (one that never ended).
+    lasted: float = 0.0
 
 
 @dataclass
@@ -96,26 +102,33 @@ def load_run(log_dir: str | Path) -> RunPicture:
     rows = list(_jsonl(root / "metrics.jsonl"))
     stall_reports = _stall_reports(root / "stalls")
     starts = [s["start"] for s in raw_spans]
-    starts += [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
+    starts += [r["time"] for r in rows]
     starts += [s["start"] for s in stall_reports]
     t0 = min(starts, default=0.0)
 
     lanes: list[Lane] = []
     lane_of: dict[tuple[Any, ...], int] = {}
+    names: dict[tuple[Any, ...], int] = {}  # threads of one process with one name: numbered
     spans: list[Span] = []
     for raw in sorted(raw_spans, key=lambda s: s["start"]):
         resource, attributes = raw["resource"], raw["attributes"]
+        process = (resource.get("host.name"), resource.get("process.pid"),
+                   resource.get("otel_rl.role"), resource.get("otel_rl.rank"))  # fmt: skip
         thread = str(attributes.get("thread.name", ""))
-        key = (resource.get("host.name"), resource.get("process.pid"),
-               resource.get("otel_rl.role"), resource.get("otel_rl.rank"), thread)  # fmt: skip
+        key = (*process, attributes.get("thread.id", thread))
         if key not in lane_of:
             lane_of[key] = len(lanes)
-            lanes.append(Lane(_process_name(resource), thread, resource))
+            named = (*process, thread)
+            seen = names[named] = names.get(named, 0) + 1
+            label = thread if seen == 1 else f"{thread} #{seen}"
+            lanes.append(Lane(_process_name(resource), label, resource))
         step = attributes.get(STEP_ATTRIBUTE)
+        attempt = resource.get("otel_rl.attempt")
         spans.append(Span(
             lane=lane_of[key], name=raw["name"], start=raw["start"] - t0, end=raw["end"] - t0,
             step=step if isinstance(step, int) else None, attributes=attributes,
             trace_id=raw["trace_id"], span_id=raw["span_id"], parent_id=raw["parent_id"],
+            attempt=attempt if isinstance(attempt, int) else 1,
         ))  # fmt: skip
     _steps_of_children(spans)
     steps = _steps(spans, rows, t0)
@@ -124,15 +137,16 @@ def load_run(log_dir: str | Path) -> RunPicture:
 
 
 def _stall(report: Mapping[str, Any], steps: list[Step], t0: float) -> Stall:
-    """A stall runs from the end of the last step before it to the next step. A report's own
-    times are whole seconds: the step's end, where the run has it, is the exact start."""
+    """A stall runs from the end of the last step before it to the next step. A report with its
+    times in whole seconds only starts at that step's end, where the run has it."""
     start = report["start"] - t0
     last = next((s for s in steps if s.step == report["last_step"]), None)
-    if last is not None and abs(last.end - start) < 2.0:
+    if not report["precise"] and last is not None and abs(last.end - start) < 2.0:
         start = last.end
     seconds = report["seconds"]
     return Stall(start, None if seconds is None else start + seconds, report["last_step"],
-                 report["verdict"], report["report"])  # fmt: skip
+                 report["verdict"], report["report"], report["attempt"],
+                 lasted=report["lasted"])  # fmt: skip
 
 
 def _process_name(resource: Mapping[str, Any]) -> str:
@@ -154,16 +168,25 @@ def _steps_of_children(spans: list[Span]) -> None:
 
 
 def _steps(spans: list[Span], rows: list[dict[str, Any]], t0: float) -> list[Step]:
-    """Steps from the ``rl.step`` spans; without tracing, from the rows' times (a step ends
-    when its row is written, and starts when the one before ended)."""
-    anatomy = {
-        row["step"]: _anatomy(row.get("metrics", {}))
-        for row in rows
-        if isinstance(row.get("step"), int) and row.get("axis") is None
-    }
+    """Steps from the ``rl.step`` spans of each step's latest attempt (a relaunch redoes steps:
+    the earlier attempt's are left out, as ``otel-rl why`` leaves out its rows); without
+    tracing, from the rows: a step ends when its row was written (which may lag a step behind)
+    and lasts its ``anatomy/wall/seconds``."""
+    latest_rows: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("axis") is not None or type(row.get("step")) is not int:
+            continue
+        kept = latest_rows.get(row["step"])
+        if kept is None or _attempt(row) >= _attempt(kept):
+            latest_rows[row["step"]] = row
+    anatomy = {step: _anatomy(row["metrics"]) for step, row in latest_rows.items()}
+    latest: dict[int, int] = {}
+    for span in spans:
+        if span.name == STEP_SPAN and span.step is not None:
+            latest[span.step] = max(latest.get(span.step, 0), span.attempt)
     by_step: dict[int, Step] = {}
     for span in spans:  # a step may be several spans (a segment per log call that opened it)
-        if span.name != STEP_SPAN or span.step is None:
+        if span.name != STEP_SPAN or span.step is None or span.attempt != latest[span.step]:
             continue
         known = by_step.get(span.step)
         if known is None:
@@ -173,27 +196,26 @@ def _steps(spans: list[Span], rows: list[dict[str, Any]], t0: float) -> list[Ste
     if by_step:
         return sorted(by_step.values(), key=lambda s: s.step)
     steps: list[Step] = []
-    previous: float | None = None
-    for row in rows:
-        step, when = row.get("step"), row.get("time")
-        if row.get("axis") is not None or not isinstance(step, int):
-            continue
-        if not isinstance(when, (int, float)):
-            continue
-        end = when - t0
-        wall = anatomy.get(step, {}).get(_WALL)
-        start = previous if previous is not None else (end - wall if wall else end)
-        steps.append(Step(step, start, end, _phases(anatomy, step)))
-        previous = end
-    return steps
+    for step, row in sorted(latest_rows.items(), key=lambda item: item[1]["time"]):
+        end = row["time"] - t0
+        wall = anatomy[step].get(_WALL)
+        steps.append(Step(step, end - wall if wall else end, end, _phases(anatomy, step)))
+    return sorted(steps, key=lambda s: s.step)
+
+
+def _attempt(row: Mapping[str, Any]) -> int:
+    attempt = row.get("attempt")
+    return attempt if type(attempt) is int else 1
 
 
 def _phases(anatomy: Mapping[int, Mapping[str, float]], step: int) -> dict[str, float]:
     return {k: v for k, v in anatomy.get(step, {}).items() if k != _WALL}
 
 
-def _anatomy(metrics: Mapping[str, Any]) -> dict[str, float]:
+def _anatomy(metrics: Any) -> dict[str, float]:
     phases: dict[str, float] = {}
+    if not isinstance(metrics, dict):
+        return phases
     for key, value in metrics.items():
         match = _ANATOMY_PHASE.match(key)
         if match is None or not isinstance(value, (int, float)):
@@ -206,12 +228,12 @@ def _anatomy(metrics: Mapping[str, Any]) -> dict[str, float]:
 def _gpus(rows: Iterable[dict[str, Any]], t0: float) -> dict[str, list[tuple[float, float]]]:
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        when = row.get("time")
-        if row.get("axis") is None or not isinstance(when, (int, float)):
+        when, metrics = row["time"], row.get("metrics")
+        if row.get("axis") is None or not isinstance(metrics, dict):
             continue
-        for key, value in row.get("metrics", {}).items():
+        for key, value in metrics.items():
             match = _GPU_UTIL.match(key)
-            if match and isinstance(value, (int, float)):
+            if match and type(value) in (int, float) and math.isfinite(value):
                 name = f"node {match['node']} · GPU {match['gpu']}"
                 series.setdefault(name, []).append((when - t0, float(value)))
     return series
@@ -222,15 +244,24 @@ def _stall_reports(folder: Path) -> list[dict[str, Any]]:
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             report = json.loads(path.read_text())
-            at = datetime.fromisoformat(report["stalled_at"]).timestamp()
+            at = report.get("stalled_at_unix")
+            precise = type(at) in (int, float)
+            if not precise:  # a report of a release before it: whole seconds
+                at = datetime.fromisoformat(report["stalled_at"]).timestamp()
             start = at - float(report.get("seconds_since_step") or 0.0)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        ended = report.get("ended") or {}
+        if not math.isfinite(start):
+            continue
+        ended = report.get("ended")
         seconds = ended.get("seconds") if isinstance(ended, dict) else None
-        verdict = (report.get("verdict") or {}).get("text") or ""
-        last = report.get("last_step")
-        found.append({"start": start, "verdict": str(verdict),
+        verdict = report.get("verdict")
+        verdict = verdict.get("text") if isinstance(verdict, dict) else verdict
+        last, attempt = report.get("last_step"), report.get("attempt")
+        lasted = report.get("seconds_since_step")
+        found.append({"start": start, "verdict": str(verdict or ""),
+                      "attempt": attempt if type(attempt) is int else 1, "precise": precise,
+                      "lasted": float(lasted) if type(lasted) in (int, float) else 0.0,
                       "seconds": float(seconds) if isinstance(seconds, (int, float)) else None,
                       "last_step": last if isinstance(last, int) else None,
                       "report": str(path)})  # fmt: skip
@@ -246,8 +277,9 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 row = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a crash
-            if isinstance(row, dict):
-                yield row
+            when = row.get("time") if isinstance(row, dict) else None
+            if type(when) in (int, float) and math.isfinite(float(when)):  # type: ignore[arg-type]
+                yield row  # a row without a time has no place on the axis
 
 
 def _otlp_spans(requests: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:

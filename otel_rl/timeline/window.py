@@ -24,11 +24,11 @@ class Window:
 def parse_steps(text: str) -> tuple[int, int]:
     """``"A-B"`` or ``"A"`` → (A, B); raises ``ValueError`` naming the form expected."""
     first, sep, last = text.strip().partition("-")
-    try:
-        a = int(first)
-        b = int(last) if sep else a
-    except ValueError:
-        raise ValueError(f"--steps {text!r}: expected A-B or A, e.g. 10-20") from None
+    digits = [part.strip() for part in ((first, last) if sep else (first,))]
+    if not all(part.isascii() and part.isdigit() for part in digits):
+        raise ValueError(f"--steps {text!r}: expected A-B or A, e.g. 10-20")
+    a = int(digits[0])
+    b = int(digits[-1])
     if a < 0 or b < a:
         raise ValueError(f"--steps {text!r}: expected 0 <= A <= B")
     return a, b
@@ -45,18 +45,27 @@ def choose(picture: RunPicture, steps: tuple[int, int] | None = None) -> Window:
             raise ValueError(f"--steps {steps[0]}-{steps[1]}: the run has no such step "
                              f"(its steps: {have})")  # fmt: skip
     elif ordered:
-        slowest = ordered.index(max(ordered, key=lambda s: s.seconds))
-        chosen = ordered[max(0, slowest - AROUND) : slowest + AROUND + 1]
+        centre = ordered.index(max(ordered, key=lambda s: s.seconds))
+        stall = _longest_stall(picture)
+        if stall is not None and _length(stall, picture) > ordered[centre].seconds:
+            # A stall the run never got out of (killed in it) has no slow step of its own.
+            after = [i for i, s in enumerate(ordered) if s.step > (stall.last_step or -1)]
+            centre = after[0] if after else len(ordered) - 1
+        chosen = ordered[max(0, centre - AROUND) : centre + AROUND + 1]
     else:
         chosen = []
     if chosen:
         start, end = chosen[0].start, chosen[-1].end
-        # A stall after the last chosen step belongs to the picture of it.
+        # A stall after the last chosen step belongs to the picture of it, and so does one the
+        # run died in, after its last step on record.
+        last = chosen[-1].step
+        last_of_run = chosen[-1] is ordered[-1]
         for stall in picture.stalls:
-            if start <= stall.start <= end + 1e-9 or (
-                stall.last_step == chosen[-1].step and stall.end is not None
-            ):
-                end = max(end, stall.end if stall.end is not None else stall.start)
+            held = stall.last_step is not None and (
+                stall.last_step == last or (last_of_run and stall.last_step > last)
+            )
+            if held or start <= stall.start <= end + 1e-9:
+                end = max(end, stall.start + _length(stall, picture))
     else:
         times = [s.start for s in picture.spans] + [s.end for s in picture.spans]
         start, end = min(times, default=0.0), max(times, default=0.0)
@@ -68,3 +77,15 @@ def choose(picture: RunPicture, steps: tuple[int, int] | None = None) -> Window:
         gpus={name: [(t, v) for t, v in points if start <= t <= end]
               for name, points in picture.gpus.items()},
     )  # fmt: skip
+
+
+def _longest_stall(picture: RunPicture) -> Stall | None:
+    return max(picture.stalls, key=lambda s: _length(s, picture), default=None)
+
+
+def _length(stall: Stall, picture: RunPicture) -> float:
+    """A stall's length; one that never ended lasts until the last thing the run recorded."""
+    if stall.end is not None:
+        return stall.end - stall.start
+    last = max([s.end for s in picture.spans] + [s.end for s in picture.steps], default=0.0)
+    return max(stall.lasted, last - stall.start)

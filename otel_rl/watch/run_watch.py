@@ -70,6 +70,7 @@ class RunWatch:
         log_records: Any = None,
         gpu_latest: Callable[[], Mapping[int, Any]] | None = None,
         engines: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
+        attempt: int = 1,
     ) -> None:
         self.run_id = run_id
         self.report_dir = log_dir / "stalls"
@@ -99,6 +100,7 @@ class RunWatch:
 
             self.watchdog = StallWatchdog(
                 run_id=run_id,
+                attempt=attempt,
                 report_dir=self.report_dir,
                 after=float(section["after"]),
                 factor=float(section["factor"]),

@@ -164,6 +164,8 @@ class StallReport:
     last_call: float = 0.0
     #: What the run waits for (:mod:`otel_rl.watch.verdict`): ``{text, chain, missing}``.
     verdict: dict[str, Any] | None = None
+    #: The launch of the run it happened in (a relaunch is the next attempt).
+    attempt: int = 1
 
     @property
     def summary(self) -> str:
@@ -195,6 +197,9 @@ class StallReport:
             "host": socket.gethostname(),
             "last_step": self.step,
             "stalled_at": _iso(self.began),
+            # the same instant to the microsecond: a picture of the run places the stall by it
+            "stalled_at_unix": round(self.began, 6),
+            "attempt": self.attempt,
             "seconds_since_step": round(self.since_step, 3),
             "threshold_seconds": round(self.threshold, 3),
             "threshold": self.threshold_reason,
@@ -288,8 +293,10 @@ class StallWatchdog:
         phase_after: float = 30.0,
         phases: Callable[[], Mapping[int, Sequence[tuple[str, float]]]] | None = None,
         history: Callable[[str], Sequence[float]] | None = None,
+        attempt: int = 1,
     ) -> None:
         self.run_id = run_id
+        self.attempt = attempt
         self.report_dir = report_dir
         self.after = float(after)
         self.factor = float(factor)
@@ -418,6 +425,7 @@ class StallWatchdog:
         self, step: int | None, last_call: float, since: float, threshold: float, reason: str
     ) -> StallReport:
         report = StallReport(self.run_id, step, time.time(), since, threshold, reason)
+        report.attempt = self.attempt
         report.last_call = last_call  # the recorded stamp: one clock, no second read
         try:
             self._gather(report)

@@ -8,6 +8,8 @@ import json
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import jsonschema
@@ -16,7 +18,9 @@ from opentelemetry.proto_json.collector.trace.v1.trace_service import (
     ExportTraceServiceRequest,
 )
 
+from otel_rl import Logger, WorkerMetrics
 from testkit import browser
+from testkit.readers import jsonl_rows
 
 pytestmark = pytest.mark.skipif(browser.chromium() is None, reason="needs Chromium")
 
@@ -66,7 +70,7 @@ def _expected(log_dir: Path, first: int, last: int) -> tuple[int, set[tuple]]:
     inside = [(r, s) for r, s in spans
               if s.end_time_unix_nano >= start and s.start_time_unix_nano <= end]  # fmt: skip
     lanes = {(r.get("process.pid"), r.get("otel_rl.role"), r.get("otel_rl.rank"),
-              _attribute(s, "thread.name")) for r, s in inside}  # fmt: skip
+              _attribute(s, "thread.id")) for r, s in inside}  # fmt: skip
     return len(inside), lanes
 
 
@@ -187,6 +191,8 @@ def test_perfetto_format_is_trace_event_json_with_each_span_on_its_thread(demo_r
         (["--steps", "500-600"], "the run has no such step (its steps: 0-99)"),
         (["--steps", "x"], "expected A-B or A"),
         (["--steps", "5-2"], "expected 0 <= A <= B"),
+        (["--steps", ""], "expected A-B or A"),
+        (["--steps", "\u0663"], "expected A-B or A"),
     ],
 )
 def test_a_bad_range_is_refused_with_the_range_the_run_has(demo_run, tmp_path, args, message):
@@ -216,3 +222,173 @@ def test_a_torn_or_foreign_line_in_the_trace_file_costs_only_itself(demo_run, tm
     assert done.returncode == 0, done.stderr
     count, _ = _expected(demo_run, 20, 24)
     assert int(browser.render(page).body["spans"]) == count
+
+
+def _traced(log_dir: Path, **cfg) -> Logger:
+    return Logger({"log_dir": str(log_dir), "tracing": {"enabled": True}, **cfg})
+
+
+def _perfetto(log_dir: Path, *args: str) -> dict:
+    out = log_dir / "t.json"
+    done = _cli("timeline", str(log_dir), "--format", "perfetto", "-o", str(out), *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+def _step_seconds(trace: dict) -> dict[int, float]:
+    return {int(e["name"].split()[1]): e["args"]["seconds"]
+            for e in trace["traceEvents"] if e.get("cat") == "step"}  # fmt: skip
+
+
+def test_names_that_change_how_html_reads_a_script_are_drawn_like_any_other(tmp_path):
+    """A timer, a thread and a worker role named with what HTML treats specially inside a
+    script ("<!--<script>" swallows the rest of the page, "</script>" ends the script)."""
+    names = ["<!--<script>", "</script><script>document.body.dataset.errors='9'</script>",
+             "a & b > c", "\u2028line\u2029"]  # fmt: skip
+    log_dir = tmp_path / "run"
+    with _traced(log_dir) as logger:
+        worker = WorkerMetrics(rank=0, role="<!--<script>", tracing=True)
+
+        def timed() -> None:
+            with logger.timer(names[0]):
+                pass
+
+        for step in range(2):
+            for name in names:
+                with logger.timer(name):
+                    pass
+            with worker.timer(names[1]):
+                pass
+            thread = threading.Thread(target=timed, name="<!--<script>")
+            thread.start()
+            thread.join()
+            logger.log_worker_metrics([worker.snapshot(step=step)], step=step)
+            logger.log_metrics({"x": 1.0}, step=step)
+    page = tmp_path / "names.html"
+    assert _cli("timeline", str(log_dir), "--steps", "0-1", "-o", str(page)).returncode == 0
+    count, lanes = _expected(log_dir, 0, 1)
+    shown = browser.render(page)
+    assert shown.console_errors == [] and shown.body["errors"] == "0", shown.log[-3000:]
+    assert int(shown.body["spans"]) == count and int(shown.body["lanes"]) == len(lanes) >= 3
+    assert "<!--<script>" not in page.read_text().split("const RUN = ", 1)[1]
+
+
+def test_threads_of_one_name_get_a_lane_each(tmp_path):
+    log_dir = tmp_path / "run"
+    with _traced(log_dir) as logger:
+        barrier = threading.Barrier(4)
+
+        def load() -> None:
+            barrier.wait()
+            with logger.timer("load"):
+                time.sleep(0.05)
+
+        threads = [threading.Thread(target=load, name="loader") for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        logger.log_metrics({"x": 1.0}, step=0)
+    trace = _perfetto(log_dir, "--steps", "0")
+    loads = [e for e in trace["traceEvents"] if e.get("name") == "load" and e["ph"] == "X"]
+    assert len({e["tid"] for e in loads}) == 4  # side by side, not stacked on one lane
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert {"loader", "loader #2", "loader #3", "loader #4"} <= names
+
+
+def test_a_relaunched_run_is_drawn_at_its_latest_attempt(tmp_path):
+    """Run ``x`` logs 0-9, is relaunched a second later from step 5 and logs 5-12: steps 5-9 are
+    the second attempt's (their length is their row's wall), not one step across both."""
+    log_dir = tmp_path / "run"
+    for steps in (range(10), range(5, 13)):
+        with _traced(log_dir, run_id="x") as logger:
+            for step in steps:
+                with logger.timer("generation"):
+                    time.sleep(0.01)
+                logger.log_metrics({"x": 1.0}, step=step)
+        time.sleep(1.0)
+    rows = {r["step"]: r["metrics"]["anatomy/wall/seconds"]  # the latest attempt's row: the last
+            for r in jsonl_rows(log_dir / "metrics.jsonl")
+            if "anatomy/wall/seconds" in r.get("metrics", {})}  # fmt: skip
+    drawn = _step_seconds(_perfetto(log_dir, "--steps", "5-9"))
+    assert sorted(drawn) == [5, 6, 7, 8, 9]
+    for step, seconds in drawn.items():
+        assert seconds < 0.5 and seconds == pytest.approx(rows[step], abs=0.02)
+
+
+def test_without_tracing_each_step_lasts_its_anatomy_wall(tmp_path):
+    log_dir = tmp_path / "run"
+    with Logger({"log_dir": str(log_dir)}) as logger:
+        for step in range(5):
+            with logger.timer("generation"):
+                time.sleep(0.01 * (step + 1))
+            logger.log_metrics({"x": 1.0}, step=step)
+    assert not (log_dir / "traces.jsonl").exists()
+    rows = {r["step"]: r["metrics"]["anatomy/wall/seconds"]
+            for r in jsonl_rows(log_dir / "metrics.jsonl")}  # fmt: skip
+    assert _step_seconds(_perfetto(log_dir, "--steps", "0-4")) == pytest.approx(rows, abs=1e-6)
+
+
+_KILLED_IN_A_STALL = """
+import sys, time
+from otel_rl import Logger
+logger = Logger({"log_dir": sys.argv[1], "tracing": {"enabled": True},
+                 "stalls": {"after": 0.5, "factor": 1.0}})
+for step in range(40):
+    with logger.timer("generation"):
+        time.sleep(100 if step == 30 else 0.01)
+    logger.log_metrics({"x": 1.0}, step=step)
+"""
+
+
+def test_a_run_killed_in_a_stall_is_drawn_around_the_stall_and_why_counts_it(tmp_path):
+    log_dir = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_IN_A_STALL, str(log_dir)])
+    try:
+        deadline = time.monotonic() + 60
+        while not list((log_dir / "stalls").glob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)  # the span processor has written the steps before the stall
+    finally:
+        child.kill()
+        child.wait()
+    (report,) = [json.loads(p.read_text()) for p in (log_dir / "stalls").glob("*.json")]
+    assert report["ended"] is None and report["last_step"] == 29
+    page = tmp_path / "killed.html"
+    done = _cli("timeline", str(log_dir), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    assert "1 stall(s)" in done.stdout  # the picture is the stall's, not a step's
+    data = json.loads(re.search(r"const RUN = (\{.*?\});</script>", page.read_text())[1])
+    (stall,) = data["stalls"]
+    # It starts where the work drawn ends (step 29's generation), not a second before it.
+    worked = max(s["end"] for s in data["spans"])
+    assert worked - 0.05 <= stall["start"] <= worked + 0.1
+    why = _cli("why", str(log_dir)).stdout
+    assert "lost to 1 stall(s): " in why and "1 never ended" in why
+
+
+def test_malformed_rows_and_reports_cost_only_themselves(demo_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(demo_run, copy, ignore=shutil.ignore_patterns(".otel-rl"))
+    with open(copy / "metrics.jsonl", "a") as rows:
+        rows.write('{"step": 0, "time": 1.0, "metrics": [1, 2]}\n')
+        rows.write('{"step": 1, "time": NaN, "metrics": {}}\n')
+        rows.write('{"step": 2, "time": "x", "axis": "ray/ray_step", "metrics": 3}\n')
+    bad = {"verdict": "hung", "stalled_at": "2026-01-01T00:00:00+00:00",
+           "stalled_at_unix": "x", "ended": "no", "last_step": "y"}  # fmt: skip
+    (copy / "stalls" / "zz.json").write_text(json.dumps(bad))
+    for fmt in ("html", "perfetto"):
+        done = _cli("timeline", str(copy), "--steps", "20-24", "--format", fmt,
+                    "-o", str(tmp_path / f"out.{fmt}"))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    count, _ = _expected(demo_run, 20, 24)
+    assert int(browser.render(tmp_path / "out.html").body["spans"]) == count
+    trace = json.loads((tmp_path / "out.perfetto").read_text())
+    jsonschema.validate(trace, TRACE_EVENT_SCHEMA)
+
+
+def test_a_folder_of_runs_names_them(demo_run):
+    done = _cli("timeline", str(demo_run.parent))
+    assert done.returncode == 2 and "holds runs: exp_001" in done.stderr

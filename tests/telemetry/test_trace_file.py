@@ -21,7 +21,7 @@ from opentelemetry.proto_json.collector.trace.v1.trace_service import (
     ExportTraceServiceRequest as JsonRequest,
 )
 
-from otel_rl import Logger
+from otel_rl import Logger, WorkerMetrics
 from otel_rl.telemetry.trace_file import FILE_NAME, ROTATED_NAME, TraceFile, trace_files
 
 
@@ -183,3 +183,54 @@ def test_a_fork_child_writes_nothing_to_the_parent_s_trace_file(tmp_path):
     assert child.exitcode == 0
     logger.finish()
     assert sorted(s.name for _, s in _spans(log_dir)) == ["generation", "rl.step"]
+
+
+def test_a_file_that_ends_in_part_of_a_line_is_mended_before_the_next_line(tmp_path):
+    """A crash (or a disk that was full) left half a line: the next launch's first line starts
+    on a line of its own, so it is read, and the half line alone is skipped."""
+    first = TraceFile(tmp_path, 1 << 20)
+    first.export([_span("before")])
+    first.shutdown()
+    whole = (tmp_path / FILE_NAME).read_bytes()
+    (tmp_path / FILE_NAME).write_bytes(whole + whole[: len(whole) // 2])  # a torn second line
+    again = TraceFile(tmp_path, 1 << 20)
+    again.export([_span("after")])
+    again.shutdown()
+    lines = (tmp_path / FILE_NAME).read_bytes().split(b"\n")
+    assert len(lines) == 4 and lines[-1] == b""  # whole, torn, whole
+    parsed = []
+    for line in lines[:-1]:
+        try:
+            parsed.append(JsonRequest.from_json(line))
+        except ValueError:
+            parsed.append(None)
+    assert parsed[1] is None and [
+        r.resource_spans[0].scope_spans[0].spans[0].name for r in (parsed[0], parsed[2])
+    ] == ["before", "after"]
+
+
+def test_a_worker_snapshot_s_bad_span_costs_only_itself_and_losses_are_said(tmp_path, caplog):
+    """A snapshot whose span has an id out of range, one with a negative start, and a count of
+    spans the worker dropped: the good spans are written, the thread that writes them lives on,
+    and ``finish()`` says how many spans the file is missing."""
+    log_dir = tmp_path / "run"
+    logger = Logger({"log_dir": str(log_dir), "tracing": {"enabled": True}})
+    worker = WorkerMetrics(rank=1, role="trainer", tracing=True)
+    with worker.timer("good"):
+        pass
+    snapshot = worker.snapshot(step=0)
+    (good,) = snapshot["spans"]
+    snapshot["spans"] = [good, ("bad", 2**200, 1, 0, 1, 2, {}, {}, ""), ("worse", 1, -5, 0, 1, 2,
+                                                                       {}, {}, "")]  # fmt: skip
+    snapshot["spans_dropped"] = 5
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        logger.log_worker_metrics([snapshot], step=0)
+        with worker.timer("later"):
+            pass
+        logger.log_worker_metrics([worker.snapshot(step=1)], step=1)
+        logger.finish()
+    names = sorted(s.name for _, s in _spans(log_dir) if s.name in ("good", "later"))
+    assert names == ["good", "later"]
+    said = [r.getMessage() for r in caplog.records if "span(s) are not in" in r.getMessage()]
+    # the 5 the worker dropped and the 2 that could not be encoded
+    assert len(said) == 1 and said[0].startswith("otel-rl: 7 span(s) are not in")
