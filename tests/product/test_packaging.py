@@ -47,6 +47,9 @@ def test_wheel_installs_exporters_as_otel_rl_exporters(tmp_path):
     assert "otel_rl/exporters/base.py" in names
     assert not any(n.startswith("exporters/") for n in names)
     assert "otel_rl/py.typed" in names  # type checkers read the package's hints
+    # the timeline page inlines its charting library, with the library's licence beside it
+    assert {"otel_rl/timeline/vendor/echarts.min.js",
+            "otel_rl/timeline/vendor/LICENSE-echarts"} <= set(names)  # fmt: skip
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
