@@ -100,9 +100,13 @@ class TraceFile:
     def __init__(self, log_dir: str | Path, max_bytes: int) -> None:
         self.path = Path(log_dir) / FILE_NAME
         self.max_bytes = int(max_bytes)
-        #: Spans written, and spans lost (a full disk, one span larger than the file's share).
+        #: Spans written, and spans lost on the way to the file (a full disk, a span larger than
+        #: the file's share or that cannot be encoded); both counted by the writing thread.
         self.written = 0
         self.lost = 0
+        # Workers' spans that never reached the writing thread (dropped in the worker, or
+        # beyond the queue): counted by the caller's thread, apart, so no count is shared.
+        self._not_carried = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._file: Any = None
@@ -122,12 +126,12 @@ class TraceFile:
         the ``dropped`` spans a worker had no room for)."""
         if os.getpid() != self._pid or self._closed:
             return
-        self.lost += dropped
-        if not plain:
-            return
         with self._carry_lock:
+            self._not_carried += dropped
+            if not plain:
+                return
             if len(self._carried) >= MAX_CARRIED:
-                self.lost += len(self._carried.popleft())
+                self._not_carried += len(self._carried.popleft())
             self._carried.append(plain)
             if self._carrier is None:
                 self._carrier = threading.Thread(
@@ -173,13 +177,14 @@ class TraceFile:
         if os.getpid() == self._pid:
             with contextlib.suppress(Exception):  # a malformed snapshot costs only itself
                 self._write_carried()  # what workers sent before the end is on disk
-            if self.lost:
+            missing = self.lost + self._not_carried
+            if missing:
                 _log.warning(
                     "otel-rl: %d span(s) are not in %s (%d written): a full disk or a file that "
                     "could not be written, a span larger than half of tracing.file_max_mb or one "
                     "that could not be encoded, or more spans than a worker keeps between two "
                     "snapshots (2,000) or the driver queues (1,000 snapshots)",
-                    self.lost, self.path, self.written,
+                    missing, self.path, self.written,
                 )  # fmt: skip
         with self._lock:
             self._closed = True
@@ -195,23 +200,19 @@ class TraceFile:
         """(line, spans in it): halves a batch whose line exceeds the file's share, or that
         cannot be encoded (a span with an id out of range), down to the span at fault."""
         try:
-            line = otlp_json_line(spans) + "\n"
+            line: str | None = otlp_json_line(spans) + "\n"
         except Exception as exc:
-            if len(spans) > 1:
-                middle = len(spans) // 2
-                yield from self._lines(spans[:middle])
-                yield from self._lines(spans[middle:])
-            else:
-                self.lost += 1
-                _log.warning("otel-rl: span %r not written to %s: %r",
-                             getattr(spans[0], "name", "?"), self.path, exc)  # fmt: skip
-            return
-        if len(line) <= self.max_bytes // 2:
+            line, problem = None, exc
+        if line is not None and len(line) <= self.max_bytes // 2:
             yield line, len(spans)
         elif len(spans) > 1:
             middle = len(spans) // 2
             yield from self._lines(spans[:middle])
             yield from self._lines(spans[middle:])
+        elif line is None:
+            self.lost += 1
+            _log.warning("otel-rl: span %r not written to %s: %r",
+                         getattr(spans[0], "name", "?"), self.path, problem)  # fmt: skip
         else:
             self.lost += 1
             _log.warning(

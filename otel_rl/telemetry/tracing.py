@@ -137,14 +137,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=timing.drop_step_tracers_after_fork)
 
 
-class _SpanThread:
-    """A span processor that names the thread a span starts on (``thread.id``,
-    ``thread.name``, OpenTelemetry's attributes for it): the timeline draws a lane per thread."""
+class _AtStart:
+    """A span processor that only acts when a span starts (the rest of the interface, duck-typed
+    so that the tracing SDK is imported only when tracing is on, does nothing)."""
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        thread = threading.current_thread()
-        span.set_attribute("thread.id", threading.get_ident())
-        span.set_attribute("thread.name", thread.name)
+        raise NotImplementedError
 
     def _on_ending(self, span: Any) -> None:
         pass
@@ -157,6 +155,15 @@ class _SpanThread:
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True
+
+
+class _SpanThread(_AtStart):
+    """Names the thread a span starts on (``thread.id``, ``thread.name``, OpenTelemetry's
+    attributes for it): the timeline draws a lane per thread."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        span.set_attribute("thread.id", threading.get_ident())
+        span.set_attribute("thread.name", threading.current_thread().name)
 
 
 class _HookForwarder:
@@ -187,7 +194,7 @@ class _HookForwarder:
         return True if processor is None else bool(processor.force_flush(timeout_millis))
 
 
-class RunIdFromBaggage:
+class RunIdFromBaggage(_AtStart):
     """A span processor that copies the driver's run id from the W3C baggage a span's parent
     context carries into the span's ``otel_rl.run_id`` attribute (Ray's own spans in workers
     have no other way to know which run called them)."""
@@ -198,18 +205,6 @@ class RunIdFromBaggage:
         run_id = baggage.get_baggage(RUN_ID_BAGGAGE, parent_context)
         if run_id is not None and RUN_ID_BAGGAGE not in (span.attributes or {}):
             span.set_attribute(RUN_ID_BAGGAGE, str(run_id))
-
-    def _on_ending(self, span: Any) -> None:
-        pass
-
-    def on_end(self, span: Any) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
 
 
 class RunTracer:

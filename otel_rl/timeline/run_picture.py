@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.telemetry.trace_file import read_requests
+from otel_rl.telemetry.tracing import STEP_ATTRIBUTE, STEP_SPAN
 
-STEP_SPAN = "rl.step"
-STEP_ATTRIBUTE = "rl.step"
 _GPU_UTIL = re.compile(r"^ray/node\.(?P<node>[^.]+)\.gpu\.(?P<gpu>.+)\.util$")
-ANATOMY_PREFIX = "anatomy/"
 _ANATOMY_PHASE = re.compile(r"^anatomy/(?P<phase>[^/]+(?:/[^/]+)*)/seconds$")
 #: The step's wall time among the anatomy rows (not a phase of it).
 _WALL = "wall"
@@ -90,9 +88,6 @@ class RunPicture:
     stalls: list[Stall]
     #: "node n · GPU i" → [(seconds since t0, utilisation %)].
     gpus: dict[str, list[tuple[float, float]]]
-
-    def slowest_step(self) -> Step | None:
-        return max(self.steps, key=lambda s: s.seconds, default=None)
 
 
 def load_run(log_dir: str | Path) -> RunPicture:
