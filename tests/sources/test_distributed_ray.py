@@ -122,10 +122,12 @@ def test_four_actors_merge_into_exact_rows_via_results_and_the_aggregator(ray_cl
                 assert got[key] == pytest.approx(value, rel=1e-12), (prefix, key)
                 tag = f"{prefix}/{key}"
                 assert (step, pytest.approx(value, rel=1e-6)) in scalars[tag], tag
-        # rank r slept twice (r+1)*10 ms: the slowest rank is what max reports
+        # rank r slept twice (r+1)*10 ms: max and min are at least those. Which rank was
+        # slowest is the one whose measured total is largest (checked above from the actors'
+        # own totals), not the one that asked for the longest sleep: on a loaded machine a
+        # 20 ms margin between two ranks' sleeps is not an order.
         assert row["train/timing/generate"] >= 0.08
         assert row["train/timing/generate/min"] >= 0.02
-        assert row["train/timing/generate/slowest_rank"] == N_ACTORS - 1
         # the step's anatomy: the trainers' own timer seconds (each snapshot counted once,
         # though logged under two prefixes); the driver timed nothing, so its link is untimed
         # (the timer's histogram and the phase clock read the same block with clock reads of
