@@ -196,7 +196,14 @@ class LoggerMachine(RuleBasedStateMachine):
         shutil.rmtree(root, ignore_errors=True)
         if how == "replaced by a file":
             root.parent.mkdir(parents=True, exist_ok=True)
-            root.write_text("not a directory")
+            # The run's spool thread makes the folder again as soon as it is gone (what it is
+            # for): remove it until the file takes its place.
+            for _ in range(100):
+                try:
+                    root.write_text("not a directory")
+                    break
+                except IsADirectoryError:
+                    shutil.rmtree(root, ignore_errors=True)
 
     @precondition(lambda self: not self.finished and not self.tracker.down)
     @rule()
