@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import secrets
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -155,17 +155,17 @@ class WandbExporter(SdkRunExporter):
         self.run.config.update(dict(params), allow_val_change=True)
 
     def write_plot(self, name: str, step: int, png: bytes) -> None:
-        self._write_media(name, step, self._wandb.Image(png_to_image(png)))
+        self._write_media(name, step, lambda: self._wandb.Image(png_to_image(png)))
 
     def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
-        table = self._wandb.Table(columns=list(columns), data=[list(r) for r in rows])
-        self._write_media(name, step, table)
+        data = [list(r) for r in rows]
+        self._write_media(name, step, lambda: self._wandb.Table(columns=list(columns), data=data))
 
     def write_event(self, event: Event) -> None:
         import html
 
         text = f"<b>{html.escape(event.title)}</b><pre>{html.escape(event.text)}</pre>"
-        self._write_media(event.name, event.step, self._wandb.Html(text))
+        self._write_media(event.name, event.step, lambda: self._wandb.Html(text))
         levels = self._wandb.AlertLevel
         level = levels.WARN if event.level == "warning" else levels.INFO
         try:  # W&B's alerts reach Slack/e-mail on a live run; an offline run has none
@@ -195,7 +195,9 @@ class WandbExporter(SdkRunExporter):
 
     # ---- helpers -----------------------------------------------------------------------------
 
-    def _write_media(self, name: str, step: int, media: Any) -> None:
+    def _write_media(self, name: str, step: int, make_media: Callable[[], Any]) -> None:
+        _keep_media_folder()
+        media = make_media()
         if name not in self._axis_of:
             self._define(name, STEP_KEY)
         self._log({name: media, STEP_KEY: step})
@@ -244,6 +246,19 @@ def _step_metric_for(key: str, step_metrics: Mapping[str, str]) -> str | None:
     if matches:
         return step_metrics[max(matches, key=len)]
     return STEP_KEY
+
+
+def _keep_media_folder() -> None:
+    """Make W&B's media folder again if it is gone. W&B writes every image, table and HTML
+    panel to one temporary folder it makes at import and removes at exit (an ``atexit``
+    function), so a fork child that exits normally removes its parent's folder, as does a
+    ``/tmp`` cleaner over a run of days; without it every media write after fails. One
+    ``mkdir`` per media record, which is rare."""
+    try:
+        from wandb.sdk.data_types._private import MEDIA_TMP
+    except ImportError:  # a W&B release that keeps it elsewhere: nothing to mend
+        return
+    os.makedirs(MEDIA_TMP.name, exist_ok=True)
 
 
 def _new_run_id() -> str:

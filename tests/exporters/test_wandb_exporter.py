@@ -154,6 +154,28 @@ def test_plot_histogram_and_table(wandb_offline):
     assert table["data"] == [["1+1", "2", 1.0], ["2+2", "5", 0.0]]
 
 
+def test_media_still_arrives_after_w_b_s_media_folder_is_removed(wandb_offline):
+    """W&B writes media to one temporary folder it makes at import and removes at exit, so a
+    fork child that exits normally (running the parent's ``atexit`` functions), or a ``/tmp``
+    cleaner on a long run, takes it from under the run. The fault is injected as that removal,
+    between two tables: both arrive, each at its step with its own rows."""
+    import shutil
+
+    from wandb.sdk.data_types._private import MEDIA_TMP
+
+    with Logger(_config(wandb_offline, name="media-folder")) as logger:
+        logger.log_table("samples", ["prompt", "score"], [["before", 1.0]], step=1)
+        logger.flush()
+        shutil.rmtree(MEDIA_TMP.name)
+        logger.log_table("samples", ["prompt", "score"], [["after", 2.0]], step=2)
+    run_dir = wandb_run_dirs(wandb_offline)[0]
+    rows = [r for r in read_wandb(run_dir).history if "samples._type" in r]
+    tables = [json.loads((run_dir / "files" / r["samples.path"]).read_text()) for r in rows]
+    assert [(r["global_step"], t["data"]) for r, t in zip(rows, tables, strict=True)] == [
+        (1, [["before", 1.0]]), (2, [["after", 2.0]]),
+    ]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_exit_code_and_resume_by_run_id(wandb_offline):
     with pytest.raises(RuntimeError), Logger(_config(wandb_offline, id="resume-me")) as logger:

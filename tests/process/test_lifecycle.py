@@ -760,38 +760,54 @@ def test_finishing_the_older_logger_keeps_routing_on_the_newer(tmp_path):
     assert not older_file.exists() or jsonl_rows(older_file) == []
 
 
-def _child_lives_then_exits(seconds: float) -> None:
-    time.sleep(seconds)  # several export intervals of the parent's readers
-    import atexit
-
-    atexit._run_exitfuncs()  # an interpreter's exit, which multiprocessing's child skips
-
-
 @pytest.mark.skipif(not FORK, reason="no fork start method on this platform")
 def test_a_fork_child_sends_nothing_of_the_parent_s_run_over_otlp(log_dir):
     """The SDK starts its readers' and span processors' threads again in a fork child, holding
     the parent's measurements and spans: the parent's run is the parent's to send, and its
     collector must see it once (a child that warned of the parent's collector being down also
-    broke the rule of one message per child)."""
+    broke the rule of one message per child). The training process is an interpreter of its
+    own: its child runs the ``atexit`` functions of an interpreter's exit, which in a fork of
+    the test process would run the test process's (W&B's among them, which removes its media
+    folder)."""
     from testkit.otlp_receiver import OtlpHttpReceiver
 
     receiver = OtlpHttpReceiver()
     try:
-        logger = Logger({
-            "log_dir": str(log_dir),
-            "otlp": {"enabled": True, "endpoint": receiver.endpoint, "interval": 0.2},
-            "tracing": {"enabled": True},
-        })  # fmt: skip
-        with logger.timer("generation"):
-            logger.log_metrics({"parent": 1.0}, step=0)
-        child = multiprocessing.get_context("fork").Process(
-            target=_child_lives_then_exits, args=(1.5,)
-        )
-        child.start()
-        logger.finish()
+        script = textwrap.dedent("""
+            import atexit, multiprocessing, sys, time
+            from otel_rl import Logger
+
+            def child_lives_then_exits():
+                time.sleep(1.5)  # several export intervals of the parent's readers
+                atexit._run_exitfuncs()  # an interpreter's exit, which multiprocessing skips
+
+            if __name__ == "__main__":
+                logger = Logger({
+                    "log_dir": sys.argv[1],
+                    "otlp": {"enabled": True, "endpoint": sys.argv[2], "interval": 0.2},
+                    "tracing": {"enabled": True},
+                })
+                with logger.timer("generation"):
+                    logger.log_metrics({"parent": 1.0}, step=0)
+                child = multiprocessing.get_context("fork").Process(target=child_lives_then_exits)
+                child.start()
+                logger.finish()
+                print("finished", flush=True)
+                sys.stdin.readline()  # the test has counted what the parent sent
+                child.join(60)
+                print("child", child.exitcode, flush=True)
+            """)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-c", script, str(log_dir), receiver.endpoint],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert process.stdout is not None and process.stdin is not None
+        assert process.stdout.readline() == "finished\n"
         sent = (len(receiver.received), len(receiver.spans))
-        child.join(TIMEOUT)
-        assert child.exitcode == 0
+        process.stdin.write("\n")
+        process.stdin.flush()
+        assert process.stdout.readline() == "child 0\n"
+        assert process.wait(TIMEOUT) == 0
         time.sleep(0.3)  # a late request would have arrived
         assert (len(receiver.received), len(receiver.spans)) == sent
         assert sent[0] >= 1 and sent[1] >= 1  # the parent's own exports arrived
