@@ -62,6 +62,9 @@ class ConsoleExporter(TrackerExporter):
             table.add_row(key, _format(rows[key]))
         self._show(table)
 
+    def write_page(self, name: str, step: int, html: str, png: bytes) -> None:
+        """A terminal shows no page (``otel-rl timeline`` writes one to open)."""
+
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         self._show(f"[bold]hyperparameters[/bold]: {len(params)} values")
 

@@ -192,6 +192,15 @@ class JsonlExporter(TrackerExporter):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(png)
 
+    def write_page(self, name: str, step: int, html: str, png: bytes) -> None:
+        # <dir of metrics.jsonl>/pages/<name>/step_<N>.html, beside the plots' layout.
+        try:
+            folder = path_inside(self.beside("pages"), name)
+        except ValueError as exc:
+            raise RowRejected(f"page {name!r:.80}: {exc}") from None
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"step_{step}.html").write_text(html, encoding="utf-8")
+
     def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         record = {"step": step, "table": name, "columns": list(columns),
                   "rows": [[_jsonable(c) for c in row] for row in rows]}

@@ -310,6 +310,13 @@ class MlflowExporter(TrackerExporter):
         self._log_file(folder, filename, f"{event.title}\n\n{event.text}\n".encode())
 
     @_scrubs_errors
+    def write_page(self, name: str, step: int, html: str, png: bytes) -> None:
+        # MLflow's artifact view shows an .html file as the page itself.
+        folder = f"pages/{_artifact_dir(name)}"
+        filename = self._unused_name(folder, f"step_{step}", ".html")
+        self._log_file(folder, filename, html.encode("utf-8"))
+
+    @_scrubs_errors
     def continue_run(self, resume_config: Mapping[str, Any]) -> None:
         self.run_id = (resume_config.get("mlflow") or {}).get("run_id") or self.run_id
 

@@ -161,6 +161,10 @@ class WandbExporter(SdkRunExporter):
         data = [list(r) for r in rows]
         self._write_media(name, step, lambda: self._wandb.Table(columns=list(columns), data=data))
 
+    def write_page(self, name: str, step: int, html: str, png: bytes) -> None:
+        # inject=False: the page is whole (its own styles and scripts), W&B's styles stay out.
+        self._write_media(name, step, lambda: self._wandb.Html(html, inject=False))
+
     def write_event(self, event: Event) -> None:
         import html
 

@@ -46,9 +46,10 @@ def run(log_dir: str, steps: str | None = None, out: str | None = None,
         text = json.dumps(trace_events(picture, window), separators=(",", ":"))
         default = root / "timeline.perfetto.json"
     else:
+        from otel_rl.cli.timeline_snapshot import time_rows
         from otel_rl.timeline.page import render
 
-        text = render(picture, window, time_spent=_time_spent(root))
+        text = render(picture, window, time_spent=time_rows(root)[1])
         default = root / "timeline.html"
     target = Path(out) if out else default
     try:
@@ -64,14 +65,3 @@ def run(log_dir: str, steps: str | None = None, out: str | None = None,
         print("  no spans on disk: the page has the steps only (tracing: {enabled: true} "
               "records them)")  # fmt: skip
     return 0
-
-
-def _time_spent(root: Path) -> list[str]:
-    """``otel-rl why``'s lines on where the run's time went (none for a run without anatomy)."""
-    from otel_rl.cli.why import WhyError, explain
-
-    try:
-        answer = explain(root)
-    except (WhyError, OSError):
-        return []
-    return answer.time_spent.lines() if answer.time_spent is not None else []

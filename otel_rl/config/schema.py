@@ -313,6 +313,16 @@ class TracingSection(Section):
     file_max_mb: int = _field(
         64, "`traces.jsonl` and the `traces.1.jsonl` it rotates to stay within this", ge=1
     )
+    picture: bool = _field(
+        True,
+        "with `file`: the timeline of the last steps goes to the trackers as a page and an "
+        "image ([timeline.md](timeline.md#in-the-trackers))",
+    )
+    picture_every: float = _field(
+        1800.0, "how often that picture is sent (and once at the end); 0: only at the end",
+        shown_type="seconds", ge=0, le=MAX_SECONDS,
+    )  # fmt: skip
+    picture_steps: int = _field(10, "the steps that picture shows: the last ones", ge=1, le=1000)
 
 
 class StallsSection(Section):

@@ -150,6 +150,34 @@ class Plot(Record):
 
 
 @dataclass(frozen=True)
+class Page(Record):
+    """A self-contained HTML page at a step (the run's timeline), with a PNG of it for trackers
+    that show images but not pages (``png`` empty when none could be drawn)."""
+
+    kind: ClassVar[str] = "page"
+    name: str
+    step: int
+    html: str
+    png: bytes = b""
+
+    def deliver_to(self, exporter: Any) -> None:
+        exporter.write_page(self.name, self.step, self.html, self.png)
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "step": self.step,
+            "html": self.html,
+            "png": base64.b64encode(self.png).decode("ascii"),
+        }
+
+    @classmethod
+    def decode(cls, body: Mapping[str, Any]) -> Page:
+        return cls(str(body["name"]), int(body["step"]), str(body["html"]),
+                   base64.b64decode(body.get("png", "")))  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Table(Record):
     """Rows of a table (e.g. validation samples) at a step; cells are str, int or float."""
 

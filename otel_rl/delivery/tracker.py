@@ -130,6 +130,12 @@ class Tracker:
         """Store a rendered figure; trackers without images skip it (one warning)."""
         self._notes.warn_once("no-plot", "%s: plots are not supported; %r skipped", self.name, name)
 
+    def write_page(self, name: str, step: int, html: str, png: bytes) -> None:
+        """Store a self-contained HTML page (the run's timeline). Trackers that show pages
+        override it; this default stores the page's picture as a plot when there is one."""
+        if png:
+            self.write_plot(name, step, png)
+
     def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         """Store a table; trackers without tables skip it (one warning)."""
         self._notes.warn_once("no-table", "%s: tables are not supported; %r skipped", self.name,

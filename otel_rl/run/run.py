@@ -118,6 +118,12 @@ class Run:
         self.sources = RunSources(
             cfg, run_id=run_id, pipeline=self.pipeline, fanout=self.fanout, steps=self.steps,
             step_spans=self.step_spans,
+            flush_spans=(
+                self.tracer_provider.force_flush
+                if self.tracer_provider is not None and self.trace_file is not None
+                else None
+            ),
+            flush_trackers=self._flush_trackers,
         )  # fmt: skip
         self._ending: int | None = None  # the thread ending the run
         self._finishing = threading.Lock()
@@ -133,6 +139,11 @@ class Run:
         self.steps.seal(final=True)
         deadline = Deadline(self.shutdown_timeout if timeout is None else timeout)
         ok = self.sources.flush(deadline)
+        return self._flush_trackers(deadline.left()) and ok
+
+    def _flush_trackers(self, seconds: float) -> bool:
+        deadline = Deadline(seconds)
+        ok = True
         for exporter in self.exporters:
             ok = exporter.force_flush(timeout_millis=deadline.left() * 1000) and ok
         return ok

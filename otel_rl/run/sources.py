@@ -5,7 +5,7 @@ monitor (inference engines) and the stall watch. Each runs on a thread of its ow
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from otel_rl.telemetry.pipeline import Pipeline, not_typed
 
 if TYPE_CHECKING:
     from otel_rl.config.schema import LoggerSettings, RolloutMonitoringSection
+    from otel_rl.run.picture import TimelineSender
     from otel_rl.watch.run_watch import RunWatch
 
 #: The x-axis of rollout rows (docs/rollout-monitoring.md).
@@ -39,6 +40,8 @@ class RunSources:
         fanout: Fanout,
         steps: StepAssembler,
         step_spans: Any,
+        flush_spans: Callable[[int], bool] | None = None,
+        flush_trackers: Callable[[float], bool] | None = None,
     ) -> None:
         from otel_rl.config.schema import LoggerSettings  # resolved already: no import cost here
 
@@ -65,6 +68,18 @@ class RunSources:
         if self.rollout_monitor is not None:
             steps.on_seal.append(self.rollout_monitor.mark_step)
         self.watch: RunWatch | None = self._watch(cfg, Path(cfg.log_dir), step_spans)
+        #: The timeline for the trackers (``tracing.picture``): only where spans reach the disk.
+        self.timeline: TimelineSender | None = None
+        if flush_spans is not None and flush_trackers is not None and cfg.tracing.picture:
+            from otel_rl.run.picture import TimelineSender
+
+            self.timeline = TimelineSender(
+                Path(cfg.log_dir), every=cfg.tracing.picture_every,
+                steps=cfg.tracing.picture_steps, send=fanout.send,
+                last_step=lambda: steps.last_step, flush_spans=flush_spans,
+                flush_trackers=flush_trackers,
+            )  # fmt: skip
+            self.timeline.start()
 
     def flush(self, deadline: Deadline) -> bool:
         """Hand the GPU rows held to the trackers, and scrape the engines once more so the
@@ -86,6 +101,9 @@ class RunSources:
             parts.append(("GPU monitor", lambda: gpus.stop(deadline.left())))
         if rollout is not None:
             parts.append(("rollout monitor", lambda: rollout.close(timeout=deadline.left())))
+        if self.timeline is not None:
+            timeline = self.timeline
+            parts.append(("timeline picture", lambda: timeline.stop(deadline.left())))
         return parts
 
     def _rollout_monitor(self, section: RolloutMonitoringSection) -> Any:

@@ -51,18 +51,39 @@ def trace_files(log_dir: str | Path) -> list[Path]:
     return [p for p in (root / ROTATED_NAME, root / FILE_NAME) if p.is_file()]
 
 
-def read_requests(log_dir: str | Path) -> Iterator[dict[str, Any]]:
+def read_requests(log_dir: str | Path, tail_bytes: int | None = None) -> Iterator[dict[str, Any]]:
     """Each export request written under ``log_dir``, oldest first, as OTLP JSON dicts; a line
-    cut short by a crash is skipped."""
-    for path in trace_files(log_dir):
-        with open(path, encoding="utf-8", errors="replace") as lines:
-            for line in lines:
-                try:
-                    request = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(request, dict):
-                    yield request
+    cut short by a crash is skipped. ``tail_bytes``: only the requests in about the last that
+    many bytes (the newest spans, without reading files of up to twice ``file_max_mb``)."""
+    for line in tail_lines(trace_files(log_dir), tail_bytes):
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(request, dict):
+            yield request
+
+
+def tail_lines(paths: Sequence[Path], tail_bytes: int | None = None) -> Iterator[str]:
+    """The lines of ``paths`` (oldest first), or of about their last ``tail_bytes`` bytes: from
+    the first whole line within them, the files before that one left unread."""
+    left = tail_bytes
+    start: dict[Path, int] = {}
+    for path in reversed(paths):
+        if left is not None and left <= 0:
+            break
+        size = path.stat().st_size
+        start[path] = 0 if left is None or size <= left else size - left
+        left = None if left is None else left - size
+    for path in paths:
+        if path not in start:
+            continue
+        with open(path, "rb") as handle:
+            if start[path]:
+                handle.seek(start[path] - 1)
+                handle.readline()  # the rest of a line begun before the tail
+            for raw in handle:
+                yield raw.decode("utf-8", errors="replace")
 
 
 def otlp_json_line(spans: Sequence[Any]) -> str:

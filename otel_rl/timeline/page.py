@@ -34,7 +34,7 @@ def page_data(picture: RunPicture, window: Window) -> dict[str, Any]:
     """What the page's script draws, as plain JSON."""
     used = sorted({s.lane for s in window.spans})
     row_of = {lane: row for row, lane in enumerate(used)}
-    depth = _depths(window)
+    depth = depths(window)
     spans = [
         {
             "row": row_of[s.lane], "name": s.name, "start": s.start, "end": s.end,
@@ -66,7 +66,7 @@ def page_data(picture: RunPicture, window: Window) -> dict[str, Any]:
     }
 
 
-def _depths(window: Window) -> dict[str, int]:
+def depths(window: Window) -> dict[str, int]:
     """Nesting depth of each span within its lane (a child's parent is in the same trace)."""
     parent = {s.span_id: s.parent_id for s in window.spans}
     lane = {s.span_id: s.lane for s in window.spans}

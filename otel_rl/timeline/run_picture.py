@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from otel_rl.telemetry.trace_file import read_requests
+from otel_rl.telemetry.trace_file import read_requests, tail_lines
 from otel_rl.telemetry.tracing import STEP_ATTRIBUTE, STEP_SPAN
 
 _GPU_UTIL = re.compile(r"^ray/node\.(?P<node>[^.]+)\.gpu\.(?P<gpu>.+)\.util$")
@@ -90,11 +90,13 @@ class RunPicture:
     gpus: dict[str, list[tuple[float, float]]]
 
 
-def load_run(log_dir: str | Path) -> RunPicture:
-    """Everything the picture shows, read from the run's files (missing files: empty parts)."""
+def load_run(log_dir: str | Path, tail_bytes: int | None = None) -> RunPicture:
+    """Everything the picture shows, read from the run's files (missing files: empty parts);
+    ``tail_bytes``: only about the last that many bytes of the trace files and of
+    ``metrics.jsonl`` (the latest steps of a long run, read in a bounded time)."""
     root = Path(log_dir)
-    raw_spans = list(_otlp_spans(read_requests(root)))
-    rows = list(_jsonl(root / "metrics.jsonl"))
+    raw_spans = list(_otlp_spans(read_requests(root, tail_bytes)))
+    rows = list(_jsonl(root / "metrics.jsonl", tail_bytes))
     stall_reports = _stall_reports(root / "stalls")
     starts = [s["start"] for s in raw_spans]
     starts += [r["time"] for r in rows]
@@ -263,18 +265,17 @@ def _stall_reports(folder: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+def _jsonl(path: Path, tail_bytes: int | None = None) -> Iterator[dict[str, Any]]:
     if not path.is_file():
         return
-    with open(path, encoding="utf-8", errors="replace") as lines:
-        for line in lines:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash
-            when = row.get("time") if isinstance(row, dict) else None
-            if type(when) in (int, float) and math.isfinite(float(when)):  # type: ignore[arg-type]
-                yield row  # a row without a time has no place on the axis
+    for line in tail_lines([path], tail_bytes):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        when = row.get("time") if isinstance(row, dict) else None
+        if type(when) in (int, float) and math.isfinite(float(when)):  # type: ignore[arg-type]
+            yield row  # a row without a time has no place on the axis
 
 
 def _otlp_spans(requests: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -89,3 +89,11 @@ def _length(stall: Stall, picture: RunPicture) -> float:
         return stall.end - stall.start
     last = max([s.end for s in picture.spans] + [s.end for s in picture.steps], default=0.0)
     return max(stall.lasted, last - stall.start)
+
+
+def last_steps(picture: RunPicture, count: int) -> tuple[int, int] | None:
+    """The range of the run's last ``count`` steps; ``None`` for a run without steps."""
+    ordered = sorted(s.step for s in picture.steps)
+    if not ordered:
+        return None
+    return ordered[-min(count, len(ordered))], ordered[-1]

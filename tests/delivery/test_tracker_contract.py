@@ -132,7 +132,7 @@ def test_a_plain_tracker_cannot_be_built_by_otels_sdk_and_says_what_it_needs(ins
 CONTRACT = {
     "name", "max_batch", "requires", "backwards_policy", "repeat_is_backwards", "from_config",
     "open", "write_step", "write_batches", "write_hyperparams", "write_plot", "write_table",
-    "write_event", "continue_run", "write_resume", "flush_backend", "write_position",
+    "write_event", "write_page", "continue_run", "write_resume", "flush_backend", "write_position",
     "holds_since", "landed_since", "classify_error", "close", "redact_own_config",
     "resume_config",
 }  # fmt: skip

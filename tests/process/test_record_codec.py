@@ -17,6 +17,7 @@ from otel_rl.core.records import (
     Event,
     HistogramValue,
     Hyperparams,
+    Page,
     Plot,
     Record,
     Resume,
@@ -72,6 +73,7 @@ STEP = StepBatch(
 EXAMPLES: dict[str, Record] = {
     "hyperparams": Hyperparams(PARAMS),
     "plot": Plot("loss curve", 4, b"\x89PNG\r\n\x1a\n\x00\xff"),
+    "page": Page("otel_rl/timeline", 4, "<html>étape ☃ </script></html>", b"\x89PNG\r\n"),
     "table": Table("samples", 5, ("prompt", "reward"), (("2+2?", 1.0), ("é", float("nan")))),
     "event": Event("otel_rl/stall", 6, "Stall", "no step for 60 s", level="info"),
     "resume": Resume(attempt=2, step=10),

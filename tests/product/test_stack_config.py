@@ -19,13 +19,14 @@ import yaml
 from testkit.dashboard import DASHBOARD, REPO
 
 COLLECTOR = REPO / "collector-config" / "otel-collector.yaml"
+TRACES_FROM_FILES = REPO / "collector-config" / "traces-from-files.yaml"
 COMPOSE = REPO / "docker" / "docker-compose.yml"
 PROMETHEUS = REPO / "docker" / "prometheus.yml"
 GRAFANA = REPO / "docker" / "grafana"
 
 #: Component types of the collector "contrib" distribution that this config may use.
 CONTRIB_COMPONENTS = {
-    "receivers": {"otlp", "prometheus"},
+    "receivers": {"otlp", "prometheus", "otlpjsonfile"},
     "processors": {"memory_limiter", "batch", "resource", "attributes", "transform", "filter"},
     "exporters": {"prometheus", "prometheusremotewrite", "debug", "otlp", "otlphttp"},
     "extensions": {"health_check", "pprof", "zpages"},
@@ -291,3 +292,38 @@ def test_the_collector_forwards_traces_to_tempo():
         _component_type(exporter)
     ].rsplit(":", 1)[1]
     assert endpoint.removeprefix("http://").split("/")[0] == f"tempo:{port}"
+
+
+def test_the_file_collector_reads_every_trace_file_a_run_writes_and_sends_it_to_tempo(tmp_path):
+    """The receiver's globs, with the mount point ``/logs`` made the folder a real run wrote
+    to, find both its trace files (the rotated one too) and nothing else; the pipeline ends at
+    the same Tempo port as the main config's."""
+    import glob
+
+    from otel_rl import Logger
+
+    config = yaml.safe_load(TRACES_FROM_FILES.read_text())
+    _check_collector(config)
+    traces = config["service"]["pipelines"]["traces"]
+    assert traces["receivers"] == ["otlpjsonfile"]
+    main = _collector()
+    (tempo,) = main["service"]["pipelines"]["traces"]["exporters"]
+    (exporter,) = traces["exporters"]
+    assert config["exporters"][exporter]["endpoint"] == main["exporters"][tempo]["endpoint"]
+
+    log_dir = tmp_path / "project" / "exp_001"
+    cfg = {"log_dir": str(log_dir),
+           "tracing": {"enabled": True, "file_max_mb": 1, "picture": False}}  # fmt: skip
+    with Logger(cfg) as logger:
+        for step in range(4000):  # enough spans to rotate once
+            with logger.timer("generation"):
+                pass
+            logger.log_metrics({"x": 1.0}, step=step)
+    written = sorted(str(p) for p in log_dir.glob("traces*.jsonl"))
+    assert [p.rsplit("/", 1)[1] for p in written] == ["traces.1.jsonl", "traces.jsonl"]
+    found = sorted(
+        path
+        for pattern in config["receivers"]["otlpjsonfile"]["include"]
+        for path in glob.glob(str(tmp_path) + pattern.removeprefix("/logs"), recursive=True)
+    )
+    assert found == written

@@ -282,6 +282,12 @@ def test_the_demo_makes_a_stall_on_purpose_and_says_where_its_report_is(tmp_path
     assert len(stalled) == 1 and stalled[0][0] == 5 and stalled[0][1] >= 3
 
 
+#: Sections a report has only when there is something in them; docs/stalls.md describes each.
+CONDITIONAL_SECTIONS = (
+    "ranks the run waits for:", "workers (timers open when they last reported):",
+)  # fmt: skip
+
+
 @pytest.mark.slow
 def test_the_report_in_the_docs_is_what_the_demo_writes(tmp_path):
     """docs/stalls.md pastes a report of ``otel-rl demo --stall``: its sections and its lines
@@ -299,6 +305,9 @@ def test_the_report_in_the_docs_is_what_the_demo_writes(tmp_path):
     headings = [ln for ln in real.splitlines() if ln and not ln.startswith(" ") and ":" in ln]
     for heading in headings:
         key = " ".join(heading.split(":")[0].split()[:2])  # "stalled at", "open timers", ...
+        if heading in CONDITIONAL_SECTIONS:  # the demo's rank 1 may lag on a busy machine
+            assert heading.split(" (")[0].rstrip(":") in docs.lower(), heading
+            continue
         assert any(ln.startswith(key) for ln in pasted.splitlines()), heading
     for line in ("MainThread: generation", "wait_for_a_rollout_that_hangs(stall)",
                  "reason: torch is not imported in this process",

@@ -130,6 +130,52 @@ def test_the_files_stay_within_their_cap_and_keep_the_newest_spans(tmp_path):
     assert len(kept) > 100 and trace_file.written == len(names)
 
 
+@pytest.mark.slow
+def test_a_10_000_step_run_stays_within_its_cap_and_every_line_parses(tmp_path):
+    """A real run: 10,000 steps of two timers each (30,000 spans with the steps' own) against a
+    cap of 1 MB. Both files together stay within it, every line of both is an
+    ``ExportTraceServiceRequest`` to both parsers, and the last step's spans are the ones kept."""
+    log_dir = tmp_path / "long"
+    cfg = {"log_dir": str(log_dir), "jsonl_enabled": False,
+           "tracing": {"enabled": True, "file_max_mb": 1, "picture": False}}  # fmt: skip
+    with Logger(cfg) as logger:
+        for step in range(10_000):
+            with logger.timer("generation"):
+                pass
+            with logger.timer("train"):
+                pass
+            logger.log_metrics({"loss": 1.0}, step=step)
+    sizes = [p.stat().st_size for p in trace_files(log_dir)]
+    assert len(sizes) == 2 and sum(sizes) <= 1 << 20
+    lines = _lines(log_dir)
+    for line in lines:
+        json_format.Parse(line, ProtoRequest())
+    steps = [next((a.value.int_value for a in s.attributes if a.key == "rl.step"), None)
+             for _, s in _spans(log_dir)]  # fmt: skip
+    kept = sorted({step for step in steps if step is not None})
+    assert kept[-1] == 9_999 and len(kept) == kept[-1] - kept[0] + 1  # the newest, no gap
+
+
+def test_the_tail_of_the_files_is_whole_lines_of_the_newest_across_the_rotation(tmp_path):
+    """``tail_lines`` (what a picture of the last steps reads): for every tail size, a suffix of
+    all the lines, each whole, holding every line that lies entirely within the tail."""
+    from otel_rl.telemetry.trace_file import tail_lines
+
+    older = [f"older-{i}-" + "x" * (i % 7) + "\n" for i in range(40)]
+    newer = [f"newer-{i}-" + "y" * (i % 5) + "\n" for i in range(30)]
+    (tmp_path / ROTATED_NAME).write_text("".join(older))
+    (tmp_path / FILE_NAME).write_text("".join(newer))
+    every = older + newer
+    total = sum(len(line) for line in every)
+    for tail in [*range(0, total + 20, 3), None]:
+        got = list(tail_lines(trace_files(tmp_path), tail))
+        assert got == every[len(every) - len(got) :], tail
+        within = 0 if tail is None else tail
+        whole = [line for i, line in enumerate(every)
+                 if tail is None or sum(len(x) for x in every[i:]) <= within]  # fmt: skip
+        assert len(got) >= len(whole), tail
+
+
 def test_a_batch_larger_than_the_share_is_split_and_a_span_too_large_is_said(tmp_path, caplog):
     trace_file = TraceFile(tmp_path, 40 * 1024)  # 20 KB a file
     batch = [_span(f"s{i}", size=3000) for i in range(12)]  # ~40 KB as one line
