@@ -5,13 +5,16 @@ from __future__ import annotations
 import io
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TextIO
 
-from otel_rl.core.records import HistogramValue, RowValue, StepBatch
+from otel_rl.core.records import HistogramValue, RowValue, StepBatch, TableRows
 from otel_rl.delivery.tracker import RunConfig
 from otel_rl.exporters.base import ConfigKey, TrackerConfig, TrackerExporter
 from otel_rl.process.fork_safe_log import writing_shared_stream
+
+#: The names of the tables otel-rl itself sends (``otel_rl/run_time``).
+OWN_TABLE_PREFIX = "otel_rl/"
 
 
 class ConsoleExporter(TrackerExporter):
@@ -60,6 +63,22 @@ class ConsoleExporter(TrackerExporter):
         table.add_column("value", justify="right")
         for key in sorted(rows):
             table.add_row(key, _format(rows[key]))
+        self._show(table)
+
+    def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
+        """otel-rl's own tables (where the run's time went, at the end) are a few short rows
+        and printed; a user's tables (samples) would flood the terminal: skipped, said once."""
+        if not name.startswith(OWN_TABLE_PREFIX):
+            super().write_table(name, step, columns, rows)
+            return
+        from rich.table import Table
+
+        table = Table(title=f"{name} at step {step}", show_header=True, header_style="bold",
+                      box=None)  # fmt: skip
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*(c if isinstance(c, str) else _format(c) for c in row))
         self._show(table)
 
     def write_page(self, name: str, step: int, html: str, png: bytes) -> None:

@@ -46,10 +46,10 @@ def run(log_dir: str, steps: str | None = None, out: str | None = None,
         text = json.dumps(trace_events(picture, window), separators=(",", ":"))
         default = root / "timeline.perfetto.json"
     else:
-        from otel_rl.cli.timeline_snapshot import time_rows
+        from otel_rl.cli.timeline_snapshot import time_table
         from otel_rl.timeline.page import render
 
-        text = render(picture, window, time_spent=time_rows(root)[1])
+        text = render(picture, window, time_spent=time_table(root)[1])
         default = root / "timeline.html"
     target = Path(out) if out else default
     try:

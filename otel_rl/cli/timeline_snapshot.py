@@ -1,10 +1,10 @@
 """``python -m otel_rl.cli.timeline_snapshot LOG_DIR LAST HTML PNG``: the page and the image of a
-run's last ``LAST`` steps, and where the run's time went as rows, for the run's trackers
+run's last ``LAST`` steps, and where the run's time went as a table, for the run's trackers
 (``otel_rl/run/picture.py``).
 
 A process of its own: reading the trace file and drawing take seconds of CPU and hold the GIL,
 which the training process's threads would feel. Prints one line of JSON: the steps drawn,
-whether the image was (it needs matplotlib) and the time rows (:func:`time_rows`); exit code 2
+whether the image was (it needs matplotlib) and the time table (:func:`time_table`); exit code 2
 when the run has no step to draw yet.
 """
 
@@ -19,25 +19,26 @@ if TYPE_CHECKING:
     from otel_rl.timeline.run_picture import RunPicture
 
 
-def time_rows(log_dir: Path) -> tuple[dict[str, float], list[str]]:
-    """Where the run's time went (``otel-rl why``'s table) as rows under ``run_time/``, and as
-    its lines; none for a run without anatomy rows."""
+def time_table(log_dir: Path) -> tuple[list[list[object]], list[str]]:
+    """Where the run's time went (``otel-rl why``'s table) as rows of a table of two columns,
+    ``part`` and ``value`` (the part names its unit), and as its lines; none for a run without
+    anatomy rows."""
     from otel_rl.cli.why import WhyError, explain
 
     try:
         spent = explain(log_dir).time_spent
     except (WhyError, OSError):
-        return {}, []
+        return [], []
     if spent is None:
-        return {}, []
-    rows = {"run_time/steps_s": spent.steps_seconds}
-    rows.update({f"run_time/phase/{name}_s": seconds for name, seconds in spent.phases})
-    rows.update({
-        "run_time/stalls": float(spent.stalls), "run_time/stalls_s": spent.stalls_seconds,
-        "run_time/redone_steps": float(spent.redone_steps),
-        "run_time/redone_s": spent.redone_seconds,
-    })  # fmt: skip
-    rows.update({f"run_time/idle/{role}": share for role, share in spent.idle})
+        return [], []
+    rows: list[list[object]] = [["steps, seconds", spent.steps_seconds]]
+    rows += [[f"phase {name}, seconds", seconds] for name, seconds in spent.phases]
+    if spent.stalls:
+        rows.append([f"{spent.stalls} stall(s), seconds", spent.stalls_seconds])
+    if spent.redone_steps:
+        rows.append([f"relaunches ({spent.redone_steps} step rows redone), seconds",
+                     spent.redone_seconds])  # fmt: skip
+    rows += [[f"{role} idle, share of the steps' time", share] for role, share in spent.idle]
     return rows, spent.lines()
 
 
@@ -71,7 +72,7 @@ def snapshot(log_dir: Path, last: int, html_path: Path, png_path: Path) -> dict[
     if steps is None:
         return {"steps": None}
     window = choose(picture, steps)
-    rows, lines = time_rows(log_dir)
+    rows, lines = time_table(log_dir)
     html_path.write_text(render(picture, window, lines), encoding="utf-8")
     drawn: str | None = None
     try:
@@ -81,7 +82,7 @@ def snapshot(log_dir: Path, last: int, html_path: Path, png_path: Path) -> dict[
     except ImportError as exc:
         drawn = f"no image: {exc} (pip install matplotlib)"
     return {"steps": list(steps), "spans": len(window.spans), "image": drawn or "drawn",
-            "time_rows": rows}  # fmt: skip
+            "time_table": rows}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

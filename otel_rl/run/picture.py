@@ -1,8 +1,8 @@
 """The run's timeline in its trackers: every ``tracing.picture_every`` seconds, and once at the
 run's end, the last ``tracing.picture_steps`` steps drawn as the timeline page (an HTML artifact
 in MLflow and W&B) with its image (TensorBoard, SwanLab), at the last step sealed. At the end,
-also where the run's time went, as rows under ``run_time/`` (on the ``run_time/step`` axis,
-whose value is the last step).
+also where the run's time went, as the table ``otel_rl/run_time`` at the last step (a table,
+not metric rows: a row at the last step would stand beside that step's own row).
 
 Drawing reads the trace file and takes seconds of CPU: it runs in a process of its own
 (``python -m otel_rl.cli.timeline_snapshot``, at a lower priority where ``nice`` exists), started
@@ -24,13 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from otel_rl.core.records import Page, Record, StepBatch
+from otel_rl.core.records import Page, Record, Table
 from otel_rl.process.fork_safe_log import log as _log
 
 #: The name the page and its image carry in every tracker.
 PAGE_NAME = "otel_rl/timeline"
-#: The x-axis of the time rows sent at the end (its value: the last step).
-TIME_AXIS = "run_time/step"
+#: The name of the table of where the run's time went, sent at the end.
+TIME_TABLE = "otel_rl/run_time"
 #: Longest a picture between two steps may take before it is given up.
 DRAW_TIMEOUT_S = 120.0
 
@@ -116,9 +116,9 @@ class TimelineSender:
         self._send(page)
         self._drawn_at = step
         self.sent += 1
-        rows = result.get("time_rows") or {}
+        rows = result.get("time_table") or []
         if last and rows:
-            self._send(StepBatch(step=step, values=rows, axis=TIME_AXIS))
+            self._send(Table(TIME_TABLE, step, ("part", "value"), tuple(map(tuple, rows))))
 
     def _draw(self, args: list[str], timeout: float, during_the_run: bool) -> dict[str, Any] | None:
         """The drawing process's answer; ``None`` when it drew nothing (said where it failed)."""
