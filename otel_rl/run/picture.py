@@ -70,7 +70,7 @@ class TimelineSender:
             self._thread.start()
 
     def stop(self, timeout: float) -> None:
-        """The run ends: the last picture and the time rows, within ``timeout`` seconds. A
+        """The run ends: the last picture and the time table, within ``timeout`` seconds. A
         picture the loop is drawing is ended (the last one replaces it), and the trackers
         write what they hold first (within a quarter of the time), so that the files the last
         picture is drawn from have the last steps."""
@@ -81,6 +81,8 @@ class TimelineSender:
             with contextlib.suppress(OSError):
                 drawing.kill()
         if not self._drawing.acquire(timeout=max(timeout, 0.0)):
+            self._gave_up("end", f"at the end was not drawn within {timeout:.3g} s (the picture "
+                          "before it was still being drawn)")  # fmt: skip
             return
         try:
             self._flush_trackers(max(deadline - time.monotonic(), 0.0) / 4)
@@ -132,6 +134,9 @@ class TimelineSender:
             self._gave_up("start", f"could not start its drawing process ({exc})")
             return None
         self._process = process
+        if during_the_run and self._stopping.is_set():  # stop() looked before it was started
+            with contextlib.suppress(OSError):
+                process.kill()
         try:
             out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
