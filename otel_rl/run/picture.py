@@ -33,6 +33,8 @@ PAGE_NAME = "otel_rl/timeline"
 TIME_TABLE = "otel_rl/run_time"
 #: Longest a picture between two steps may take before it is given up.
 DRAW_TIMEOUT_S = 120.0
+#: The module run as the drawing process (``python -m``).
+DRAWING_MODULE = "otel_rl.cli.timeline_snapshot"
 
 
 class TimelineSender:
@@ -97,6 +99,12 @@ class TimelineSender:
                     self._picture(DRAW_TIMEOUT_S)
 
     def _picture(self, timeout: float, last: bool = False) -> None:
+        try:
+            self._picture_or_raise(timeout, last)
+        except Exception as exc:  # an answer not understood, a page not read: this picture only
+            self._gave_up("error", f"could not be sent ({type(exc).__name__}: {exc})")
+
+    def _picture_or_raise(self, timeout: float, last: bool) -> None:
         step = self._last_step()
         if step is None or (step == self._drawn_at and not last):
             return
@@ -124,7 +132,7 @@ class TimelineSender:
 
     def _draw(self, args: list[str], timeout: float, during_the_run: bool) -> dict[str, Any] | None:
         """The drawing process's answer; ``None`` when it drew nothing (said where it failed)."""
-        command = [sys.executable, "-m", "otel_rl.cli.timeline_snapshot", *args]
+        command = [sys.executable, "-m", DRAWING_MODULE, *args]
         if during_the_run and shutil.which("nice"):  # the training process comes first
             command = ["nice", "-n", "10", *command]
         try:

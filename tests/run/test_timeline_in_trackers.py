@@ -158,6 +158,23 @@ def test_pictures_come_at_their_interval_and_one_that_overruns_costs_only_itself
         assert data["steps"][-1]["step"] == shown  # a page is at the last step it shows
 
 
+def test_a_drawing_process_that_answers_nonsense_costs_its_pictures_only(
+    tmp_path, monkeypatch, otel_rl_warnings
+):
+    """A drawing process that exits 0 but prints no answer (``python -m this`` stands in for a
+    broken install): the training loop and the run's end go on, said once, no page sent."""
+    monkeypatch.setattr(picture, "DRAWING_MODULE", "this")
+    log_dir = tmp_path / "nonsense"
+    cfg = {"log_dir": str(log_dir), "tracing": {"enabled": True, "picture_every": 0.2}}
+    with Logger(cfg) as logger:
+        _train(logger, 20, pause=0.05)
+    said = [r.getMessage() for r in otel_rl_warnings.records if "run's timeline" in r.getMessage()]
+    assert len(said) == 1 and "could not be sent (JSONDecodeError" in said[0], said
+    assert not (log_dir / "pages").exists()
+    rows = jsonl_rows(log_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows if "loss" in r["metrics"]] == list(range(20))
+
+
 def test_no_picture_without_spans_on_disk_or_when_turned_off(tmp_path):
     for name, tracing in (("off", {"enabled": False}),
                           ("no-file", {"enabled": True, "file": False}),
