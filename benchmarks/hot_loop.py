@@ -56,7 +56,9 @@ def run_loop(steps: int, delivery: str, trackers: str) -> dict[str, Any]:
     import otel_rl
     from otel_rl import Logger
 
-    with tempfile.TemporaryDirectory() as tmp:
+    # A tracker left behind at the deadline (a loaded machine) may still be writing its spool
+    # when the loop ends: its leftovers are not the loop's business.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
         for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
             os.environ[name] = str(root / name.lower())
