@@ -726,7 +726,11 @@ def test_a_delivery_process_that_stops_reading_never_makes_the_loop_wait(tmp_pat
     finally:
         os.kill(pid, signal.SIGCONT)
     stats = logger.exporters[0].stats
-    assert (stats["waits"], stats["spool_waits"], logger.exporters[0].lost) == (0, 0, {})
+    # A call waits for the thread that writes the handoff file only when that thread has not
+    # run for half an fsync interval (a loaded machine: at most a call or two here, as
+    # reliability.md says); a loop held by the stopped process would count most of its calls.
+    assert (stats["waits"], logger.exporters[0].lost) == (0, {})
+    assert stats["spool_waits"] <= 3, stats
     assert logger.flush(60)
     logger.finish()
     rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
