@@ -35,13 +35,14 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, Protocol, cast
 
 from otel_rl.core.redaction import redact_text
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.telemetry.timing import open_phases, phase_history
 from otel_rl.watch.locks import where as _where
-from otel_rl.watch.stalls import open_phases_with_deadlines
+from otel_rl.watch.stalls import open_phases_with_deadlines, write_whole
 from otel_rl.watch.verdict import _frames, _user_frame, group_name, recognise, training_thread
 
 __all__ = [
@@ -89,6 +90,28 @@ def _in_a_process_group() -> bool:
 def _text(value: Any) -> str:
     text = redact_text(str(value))
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+
+
+def launch(parent: bool = False) -> str:
+    """The launch this process is part of, in words each of its processes has alike: torchrun's
+    run id (unless ``none``) or Slurm's job step, then the restart, from the environment; with
+    ``parent``, where neither names the run, the process that started this one (its pid and its
+    start on this host: torchrun's agent, a launch script). Empty when nothing names it."""
+    env = os.environ
+    parts = []
+    if env.get("TORCHELASTIC_RUN_ID", "none") != "none":
+        parts.append(f"torchrun run {env['TORCHELASTIC_RUN_ID']}")
+    elif env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
+        parts.append(f"Slurm step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}")
+    elif parent:
+        ppid, began = os.getppid(), "?"
+        with contextlib.suppress(OSError, IndexError):  # clock ticks after boot (Linux)
+            began = Path(f"/proc/{ppid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        parts.append(f"started by pid {ppid} on {socket.gethostname()} (at tick {began})")
+    restart = env.get("TORCHELASTIC_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT")
+    if restart:
+        parts.append(f"restart {restart}")
+    return ", ".join(parts)
 
 
 # ---- what this process publishes ---------------------------------------------------------------
@@ -229,6 +252,8 @@ class Board(Protocol):
 
     #: How it is named in a message: "the torch.distributed store at 127.0.0.1:29500".
     where: str
+    #: The job its states are of, as each state says it: a process compares only its own job's.
+    job: str
 
     def put(self, state: Mapping[str, Any], payload: bytes) -> None: ...
 
@@ -238,9 +263,9 @@ class Board(Protocol):
 #: Largest state read from a board: what one process publishes is a few kilobytes at most.
 MAX_STATE_BYTES = 64 * 1024
 
-_TEXTS = ("role", "node", "actor", "node_id", "actor_id", "ip", "phase", "at")
+_TEXTS = ("role", "node", "actor", "node_id", "actor_id", "ip", "phase", "at", "run_id", "job")
 _NUMBERS = ("published", "every", "step_at", "phase_since", "at_since")
-_INTEGERS = ("pid", "rank", "world_rank", "world_size", "step")
+_INTEGERS = ("pid", "rank", "world_rank", "world_size", "step", "attempt")
 
 
 def _number(value: Any, kind: type) -> Any:
@@ -287,43 +312,58 @@ def _decode(payload: bytes | str | None) -> dict[str, Any] | None:
 
 
 class DirectoryBoard:
-    """One file per process in a directory the job shares (``<log_dir>/job``); a file older than
-    the reading process is another job's, and is not read."""
+    """One file per process in a directory the job shares (``<log_dir>/job``), its job the
+    launch's (:func:`launch`); a file older than the reading process is another job's, and is
+    not read."""
 
     def __init__(self, directory: Path, started: float | None = None) -> None:
         self.directory = Path(directory)
         self.where = f"the directory {self.directory}"
+        self.job = launch(parent=True)
         self._started = time.time() if started is None else started
 
     def put(self, state: Mapping[str, Any], payload: bytes) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"{_key(state).replace('/', '_')}.json"
-        part = path.with_name(f".{path.name}.{os.getpid()}.part")
-        part.write_bytes(payload)
-        os.replace(part, path)
+        write_whole(self.directory / f"{_key(state).replace('/', '_')}.json", payload)
 
     def read(self) -> tuple[list[dict[str, Any]], list[str]]:
         states = []
         for path in sorted(self.directory.glob("*.json")):
-            with contextlib.suppress(OSError):
-                stat = path.stat()
-                if stat.st_mtime < self._started - 2 * SILENT_AFTER:
-                    continue
-                if stat.st_size > MAX_STATE_BYTES:
-                    continue
-                state = _decode(path.read_bytes())
-                if state is not None:
-                    states.append(state)
+            state = _decode(_state_file(path, self._started - 2 * SILENT_AFTER))
+            if state is not None:
+                states.append(state)
         return states, []
 
 
+def _state_file(path: Path, not_before: float) -> bytes | None:
+    """The bytes of a regular file modified since ``not_before``, as many as a state may have: a
+    link (which may lead out of the directory), a pipe or a device (which may block or never end)
+    is neither opened nor read, and the file is opened without blocking."""
+    with contextlib.suppress(OSError):
+        if S_ISREG(os.lstat(path).st_mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                found = os.fstat(fd)  # the file opened, should its name have changed hands
+                if S_ISREG(found.st_mode) and found.st_mtime >= not_before \
+                        and found.st_size <= MAX_STATE_BYTES:  # fmt: skip
+                    return os.read(fd, MAX_STATE_BYTES + 1)
+            finally:
+                os.close(fd)
+    return None
+
+
 class TorchStoreBoard:
-    """The job's ``torch.distributed`` store: one key per rank of the default group, written and
-    read through a client of its own whose every call gives up after :data:`BOARD_TIMEOUT`."""
+    """The job's ``torch.distributed`` store: one key per rank of the default group, under the
+    launch and restart (:func:`launch`: what an earlier one left on the store is not read),
+    written and read through clients of its own whose every call gives up after
+    :data:`BOARD_TIMEOUT`."""
 
     def __init__(self, host: str, port: int, world_size: int) -> None:
         self.host, self.port, self.world_size = host, int(port), int(world_size)
         self.where = f"the torch.distributed store at {host}:{port}"
+        scope = launch()
+        self.job = f"{self.where}, {scope}" if scope else self.where
+        self._prefix = f"{_KEY_PREFIX}{scope}/" if scope else _KEY_PREFIX
         self._store: Any = None
 
     @classmethod
@@ -343,32 +383,32 @@ class TorchStoreBoard:
         except Exception:
             return None
 
-    def _client(self) -> Any:
-        if self._store is None:
-            # A plain connection first: a store that is down then costs a refused connect,
-            # where c10d's client would retry for its whole timeout and log each try, with a
-            # C++ stack, to the job's stderr.
-            socket.create_connection((self.host, self.port), timeout=BOARD_TIMEOUT).close()
-            import torch.distributed as dist
+    def _connect(self) -> Any:
+        # A plain connection first: a store that is down then costs a refused connect, where
+        # c10d's client would retry for its whole timeout and log each try, with a C++ stack,
+        # to the job's stderr.
+        socket.create_connection((self.host, self.port), timeout=BOARD_TIMEOUT).close()
+        import torch.distributed as dist
 
-            self._store = dist.TCPStore(  # type: ignore[attr-defined]
-                self.host, self.port, is_master=False,
-                timeout=timedelta(seconds=BOARD_TIMEOUT), wait_for_workers=False,
-            )  # fmt: skip
-        return self._store
+        return dist.TCPStore(  # type: ignore[attr-defined]
+            self.host, self.port, is_master=False,
+            timeout=timedelta(seconds=BOARD_TIMEOUT), wait_for_workers=False,
+        )  # fmt: skip
 
     def put(self, state: Mapping[str, Any], payload: bytes) -> None:
         try:
-            self._client().set(_KEY_PREFIX + _key(state), payload)
+            if self._store is None:
+                self._store = self._connect()
+            self._store.set(self._prefix + _key(state), payload)
         except Exception:
             self._store = None  # a new connection next time: the store may be back
             raise
 
     def read(self) -> tuple[list[dict[str, Any]], list[str]]:
-        store = self._client()
+        store = self._connect()  # the read's own: one that never returns holds no publication
         states, missing = [], []
         for rank in range(self.world_size):
-            key = f"{_KEY_PREFIX}rank-{rank}"
+            key = f"{self._prefix}rank-{rank}"
             if not store.check([key]):
                 missing.append(f"rank {rank}")
                 continue
@@ -396,6 +436,7 @@ class RayBoard:
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         self.where = f"Ray's key-value store (job {job_id})"
+        self.job = f"Ray job {job_id}"
         self._prefix = f"{job_id}/".encode()
 
     @classmethod
@@ -497,10 +538,24 @@ class StatePublisher:
 
     ``activity`` returns ``(last step, its Unix time)``. ``boards`` finds the boards each time
     (a process group may be set up after the logger); ``directory`` adds a shared
-    directory board. ``role`` and ``rank`` name the process (default: its process-group rank).
+    directory board. ``role`` and ``rank`` name the process (default: its process-group rank),
+    ``run_id`` and ``attempt`` its ``Logger``'s run.
     """
 
     def __init__(
+        self, activity: Callable[[], tuple[int | None, float | None]], **given: Any
+    ) -> None:
+        self._since = _Since()
+        self._boards: dict[str, Any] = {}
+        self._failed: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._directory: DirectoryBoard | None = None
+        self.adopt(activity, **given)
+
+    def adopt(
         self,
         activity: Callable[[], tuple[int | None, float | None]],
         *,
@@ -509,34 +564,14 @@ class StatePublisher:
         directory: Path | None = None,
         phase_after: float = 30.0,
         factor: float = 10.0,
+        run_id: str | None = None,
+        attempt: int | None = None,
     ) -> None:
-        self._activity = _weakly(activity)
-        self._role, self._rank = role, rank
-        self._directory = None if directory is None else DirectoryBoard(directory)
-        self._phase_after, self._factor = phase_after, factor
-        self._since = _Since()
-        self._boards: dict[str, Any] = {}
-        self._failed: set[str] = set()
-        self._lock = threading.Lock()
-        # The boards' clients are used by one thread at a time: the publisher's, a stall
-        # report's publication, the verdict's reading.
-        self._using_boards = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
-
-    def adopt(
-        self,
-        activity: Callable[[], tuple[int | None, float | None]],
-        role: str | None,
-        rank: int | None,
-        directory: Path | None,
-        phase_after: float,
-        factor: float,
-    ) -> None:
-        """A ``Logger`` in a process whose worker published first: the process is its."""
+        """Who the process is and what it publishes (given again by a ``Logger`` in a process whose
+        worker published first: the process is the ``Logger``'s)."""
         with self._lock:
             self._activity, self._role, self._rank = _weakly(activity), role, rank
+            self._of_run = {"run_id": run_id, "attempt": attempt}
             if directory is not None:
                 self._directory = DirectoryBoard(directory)
             self._phase_after, self._factor = phase_after, factor
@@ -554,10 +589,15 @@ class StatePublisher:
             found.append(self._boards.setdefault(self._directory.where, self._directory))
         return found
 
-    def state(self) -> dict[str, Any]:
+    def state(self, boards: list[Any] | None = None) -> dict[str, Any]:
+        """This process's state now, of the job of ``boards`` (the first's: a Ray actor in a
+        process group is of its Ray job)."""
+        boards = self.boards() if boards is None else boards
         with self._lock:
             step, step_at = self._activity()
-            return process_state(_identity(self._role, self._rank), step, step_at, self._since)
+            identity = {**_identity(self._role, self._rank), **self._of_run,
+                        "job": boards[0].job if boards else None}  # fmt: skip
+            return process_state(identity, step, step_at, self._since)
 
     def publish(self) -> None:
         """One publication, on the calling thread (the publisher's own, or a stall report's)."""
@@ -566,16 +606,15 @@ class StatePublisher:
         boards = self.boards()
         if not boards:  # a process of its own: no job to tell
             return
-        state = self.state()
+        state = self.state(boards)
         payload = json.dumps(state, default=str).encode()
-        with self._using_boards:
-            for board in boards:
-                try:
-                    board.put(state, payload)
-                except Exception as exc:
-                    self._say_once(board, "published to", exc)
-                else:
-                    self._failed.discard(board.where)
+        for board in boards:
+            try:
+                board.put(state, payload)
+            except Exception as exc:
+                self._say_once(board, "published to", exc)
+            else:
+                self._failed.discard(board.where)
 
     def publish_soon(self) -> None:
         """Publish now on the publisher's own thread, without waiting for it: a store that does
@@ -585,13 +624,13 @@ class StatePublisher:
     def _read_board(self, board: Any, timeout: float) -> tuple[list[dict[str, Any]], list[str]]:
         """``board.read()`` on a thread of its own, given ``timeout`` seconds (a store that
         accepts connections and never answers holds c10d's client whatever its own timeout):
-        the thread of one that does not return is left to it."""
+        the thread of one that does not return is left to it, holding nothing a publication
+        needs."""
         done: list[Any] = []
 
         def call() -> None:
             try:
-                with self._using_boards:
-                    done.append(board.read())
+                done.append(board.read())
             except BaseException as exc:
                 done.append(exc)
 
@@ -607,12 +646,16 @@ class StatePublisher:
     def read(
         self, boards: Iterable[Any] | None = None, timeout: float = 2 * BOARD_TIMEOUT
     ) -> JobStates:
-        """Every state on this job's boards (this process's own made now), merged by process;
-        a board that has not answered within ``timeout`` seconds is said unreadable."""
+        """Every state of this job on its boards (this process's own made now), merged by
+        process; a board that has not answered within ``timeout`` seconds is said unreadable.
+        A state of another job, or of another attempt of this process's run, is left out; so is
+        one that names no job (an older otel-rl's)."""
         found = JobStates()
         merged: dict[tuple[Any, Any], dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
-        for board in self.boards() if boards is None else boards:
+        boards = self.boards() if boards is None else list(boards)
+        job, run = (boards[0].job if boards else None), self._of_run
+        for board in boards:
             try:
                 states, missing = self._read_board(board, max(0.5, deadline - time.monotonic()))
             except Exception as exc:
@@ -621,13 +664,16 @@ class StatePublisher:
                 continue
             found.missing += [m for m in missing if m not in found.missing]
             for state in states:
+                earlier = run["run_id"] is not None and state.get("run_id") == run["run_id"]
+                if state.get("job") != job or (earlier and state.get("attempt") != run["attempt"]):
+                    continue
                 key = (state.get("node"), state.get("pid"))
                 held = merged.get(key)
                 if held is None or float(held.get("published") or 0) < float(
                     state.get("published") or 0
                 ):
                     merged[key] = state
-        own = self.state()
+        own = self.state(boards)
         merged[(own.get("node"), own.get("pid"))] = own
         found.states = list(merged.values())
         ranks = {s.get("world_rank") for s in found.states}
@@ -708,27 +754,22 @@ def shared_directory(log_dir: Path | None) -> Path | None:
 def publisher_of_this_process(
     activity: Callable[[], tuple[int | None, float | None]],
     *,
-    role: str | None = None,
-    rank: int | None = None,
-    directory: Path | None = None,
-    phase_after: float = 30.0,
-    factor: float = 10.0,
     driver: bool = False,
+    **options: Any,
 ) -> StatePublisher:
-    """The process's one publisher, started on first use. A ``driver`` (a ``Logger``; the latest
-    one) names the process and gives its steps, even when a worker of the same process came
-    first; a later worker leaves it as it is."""
+    """The process's one publisher (``options``: :class:`StatePublisher`'s), started on first
+    use. A ``driver`` (a ``Logger``; the latest one) names the process and gives its steps, even
+    when a worker of the same process came first; a later worker leaves it as it is."""
     pid = os.getpid()
     with _PUBLISHERS_LOCK:
         publisher = _PUBLISHERS.get(pid)
         if publisher is None:
-            publisher = StatePublisher(activity, role=role, rank=rank, directory=directory,
-                                       phase_after=phase_after, factor=factor)  # fmt: skip
+            publisher = StatePublisher(activity, **options)
             _PUBLISHERS.clear()  # a parent's, inherited through fork, is not this process's
             _PUBLISHERS[pid] = publisher
             publisher.start()
         elif driver:  # the latest Logger of the process
-            publisher.adopt(activity, role, rank, directory, phase_after, factor)
+            publisher.adopt(activity, **options)
         return publisher
 
 

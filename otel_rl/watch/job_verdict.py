@@ -109,6 +109,8 @@ def _summary(state: Mapping[str, Any], now: float) -> dict[str, Any]:
         "node": state.get("node"),
         "node_id": state.get("node_id"),
         "actor": state.get("actor"),
+        "run_id": state.get("run_id"),
+        "attempt": state.get("attempt"),
         "step": state.get("step"),
         "phase": state.get("phase"),
         "at": state.get("at"),

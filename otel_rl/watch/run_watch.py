@@ -119,6 +119,7 @@ class RunWatch:
             self.job = publisher_of_this_process(
                 self._job_activity, directory=shared_directory(log_dir), driver=True,
                 phase_after=float(section["phase_after"]), factor=float(section["factor"]),
+                run_id=run_id, attempt=attempt,
             )  # fmt: skip
 
     # ---- training thread -----------------------------------------------------------------------

@@ -5,8 +5,9 @@ The training thread only stamps the time of each ``log_metrics`` call and of eac
 those stamps: when no call came for longer than ``max(stalls.after, stalls.factor * median step time
 of the recent steps)``, or a timer path has been open with no call for longer than its
 :func:`phase_deadline` (``max(stalls.phase_after, stalls.factor * p95 of its recent uses)``), the
-run is *stalled*. It then writes ``<log_dir>/stalls/<step>-<time>.txt``
-and a ``.json`` twin holding: the verdict (one sentence naming what the run waits for, down to
+run is *stalled*. It then writes ``<log_dir>/stalls/<step>-<time>-<pid>.txt`` (never over a
+report already there: processes sharing ``log_dir`` each keep theirs) and a ``.json`` twin
+holding: the verdict (one sentence naming what the run waits for, down to
 what is stuck: :mod:`otel_rl.watch.verdict`), the last step and how long ago, the timers open on
 every thread (outermost first), the Python stack of every thread, the stacks of the run's Ray
 actors (Ray's state API for the pids, ``py-spy`` for the stacks, within
@@ -457,22 +458,30 @@ class StallWatchdog:
         self._on_end(report, length, step)
 
     def _write(self, report: StallReport) -> Path | None:
-        if report.path is not None:
-            base = report.path.with_suffix("")
-        else:
-            stamp = datetime.datetime.fromtimestamp(report.began, datetime.timezone.utc)
-            name = f"{'none' if report.step is None else report.step}-{stamp:%Y%m%dT%H%M%SZ}"
-            base = self.report_dir / name
+        """The report's two files: its own again once it ended, else new ones under a name no
+        other report has (the process's pid in it, then ``-2``, ``-3``… should it be taken)."""
+        stamp = datetime.datetime.fromtimestamp(report.began, datetime.timezone.utc)
+        name = f"{'none' if report.step is None else report.step}-{stamp:%Y%m%dT%H%M%SZ}"
+        text, n = report.to_text().encode(), 1
         try:
             self.report_dir.mkdir(parents=True, exist_ok=True)
-            _replace(base.with_suffix(".txt"), report.to_text())
-            _replace(base.with_suffix(".json"), json.dumps(report.to_json(), indent=2, default=str))
+            path = report.path
+            if path is not None:
+                write_whole(path, text)
+            while path is None:
+                try:
+                    path = self.report_dir / f"{name}-{os.getpid()}{'' if n == 1 else f'-{n}'}.txt"
+                    write_whole(path, text, over=False)
+                except FileExistsError:
+                    path, n = None, n + 1
+            data = json.dumps(report.to_json(), indent=2, default=str).encode()
+            write_whole(path.with_suffix(".json"), data)
         except OSError as exc:
             _log.warning(
                 "otel-rl: cannot write the stall report under %s: %s", self.report_dir, exc
             )
             return report.path
-        return base.with_suffix(".txt")
+        return path
 
 
 # ---- the parts of a report ---------------------------------------------------------------------
@@ -741,7 +750,28 @@ def _iso(unix: float) -> str:
     return moment.isoformat(timespec="seconds")
 
 
-def _replace(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+def write_whole(path: Path, data: bytes, *, over: bool = True) -> None:
+    """``data`` at ``path``, whole or not at all, through a file of this thread's beside it, made
+    new (a link, a pipe, whatever was left at its name is removed, never opened). With ``over``
+    ``False``, only where no file is (else ``FileExistsError``): what another process wrote is
+    never written over."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open(tmp, flags, 0o666), "wb") as out:
+            out.write(data)
+        if over:
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)  # fails on a name taken, and shows the file whole at once
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links: the name taken first, then filled
+            os.close(os.open(path, flags, 0o666))
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
