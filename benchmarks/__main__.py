@@ -30,9 +30,9 @@ from typing import Any
 #: Benchmark modules, each with ``run(quick: bool) -> dict | list`` and optionally
 #: ``prepare(quick: bool)``, called for all of them first (e.g. to boot a server in the background).
 BENCHMARKS = (
-    "training_thread", "slow_tracker", "scaling", "gpu_scrape", "merge", "artifact_dump",
-    "spool_drain", "replay_drain", "otlp_down", "job_store_down", "rollout_scrape", "tail",
-    "array_summary",
+    "training_thread", "timed_step", "slow_tracker", "scaling", "gpu_scrape", "merge",
+    "artifact_dump", "spool_drain", "replay_drain", "otlp_down", "job_store_down",
+    "rollout_scrape", "tail", "array_summary",
 )
 
 #: What installs every package the full set needs (README's second command).

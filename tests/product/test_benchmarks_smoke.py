@@ -26,6 +26,7 @@ def test_quick_scaling_benchmark_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # eight fresh interpreters, each importing mlflow and wandb
 def test_against_a_revision_measures_both_trees_in_one_run(tmp_path: Path) -> None:
     """``--against REV`` runs the hot loop on REV's tree (extracted by git) and on the working
     tree: each side imports its own otel_rl (checked inside), and each row has both sides'
@@ -39,7 +40,9 @@ def test_against_a_revision_measures_both_trees_in_one_run(tmp_path: Path) -> No
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(out.read_text())["against"]
-    assert [row["delivery"] for row in rows] == ["process", "thread"]
+    assert [(row["delivery"], row["step"]) for row in rows] == [
+        (delivery, step) for delivery in ("process", "thread") for step in ("keys", "timers+keys")
+    ]
     for row in rows:
         assert row["against"] == head[:10] and row["steps"] == 300
         for measure in ("median_us", "p99.9_us", "max_us", "loop_s"):
@@ -48,7 +51,38 @@ def test_against_a_revision_measures_both_trees_in_one_run(tmp_path: Path) -> No
         for measure in ("median_us", "p99.9_us", "max_us"):  # (loop_s is too coarse to redo)
             before, now = row[f"before_{measure}"], row[f"now_{measure}"]
             assert row[f"ratio_{measure}"] == pytest.approx(now / before, rel=0.01, abs=0.002)
+    for keys, timed in zip(rows[::2], rows[1::2], strict=True):  # a timed step over keys alone
+        for side in ("before", "now"):
+            assert timed[f"{side}_median_over_keys"] == pytest.approx(
+                timed[f"{side}_median_us"] / keys[f"{side}_median_us"], rel=0.01, abs=0.01
+            )
     assert "ratio_median_us" in done.stdout  # the table is printed too
+
+
+@pytest.mark.slow
+def test_quick_timed_step_benchmark_runs(tmp_path: Path) -> None:
+    """Five timers and 100 keys beside the keys alone: each row has both sides' median, p99.9
+    and max, and the ratio of each."""
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "timed_step", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(out.read_text())["timed_step"]
+    assert [row["trackers"] for row in rows] == [
+        "TensorBoard + MLflow + W&B + JSONL",
+        "JSONL + TensorBoard (defaults)",
+        "JSONL + TensorBoard (defaults + tracing off)",
+    ]
+    for row in rows:
+        for measure in ("median", "p99.9", "max"):
+            keys, timed = row[f"keys_{measure}_us"], row[f"timed_{measure}_us"]
+            assert keys > 0 and timed > 0
+            assert row[f"ratio_{measure}"] == pytest.approx(timed / keys, rel=0.01, abs=0.01)
+    assert rows[2]["timed_median_vs_default"] == pytest.approx(
+        rows[2]["timed_median_us"] / rows[1]["timed_median_us"], rel=0.01, abs=0.01
+    )
 
 
 def test_against_an_unknown_revision_says_so(tmp_path: Path) -> None:
