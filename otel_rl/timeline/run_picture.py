@@ -1,5 +1,6 @@
 """What a run's files say happened when: spans on lanes, steps, stalls, GPU use, each step's
-anatomy; read from ``LOG_DIR`` alone (``traces.jsonl``, ``metrics.jsonl``, ``stalls/``).
+anatomy, where the job's processes were; read from ``LOG_DIR`` alone (``traces.jsonl``,
+``metrics.jsonl``, ``stalls/``, ``job/``).
 
 A lane is one thread of one process (its role, rank, pid, host, and the thread's name where the
 span says it). Times are seconds since the run's first span or row (``t0``, Unix seconds), so
@@ -14,12 +15,14 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from otel_rl.telemetry.trace_file import read_requests, tail_lines
 from otel_rl.telemetry.tracing import STEP_ATTRIBUTE, STEP_SPAN
+from otel_rl.watch.job_state import DirectoryBoard, JobStates
+from otel_rl.watch.job_verdict import job_verdict
 
 _GPU_UTIL = re.compile(r"^ray/node\.(?P<node>[^.]+)\.gpu\.(?P<gpu>.+)\.util$")
 _ANATOMY_PHASE = re.compile(r"^anatomy/(?P<phase>[^/]+(?:/[^/]+)*)/seconds$")
@@ -38,8 +41,9 @@ class Span:
     trace_id: str
     span_id: str
     parent_id: str
-    #: The launch of the run that recorded it (``otel_rl.attempt``; a relaunch is the next).
-    attempt: int = 1
+    #: The launch of the run that recorded it (``otel_rl.attempt``; a relaunch is the next), or
+    #: of its step's ``rl.step`` span where its own resource does not say (a worker's).
+    attempt: int | None = None
 
 
 @dataclass
@@ -60,6 +64,9 @@ class Step:
     end: float
     #: Phase → seconds (the step's ``anatomy/<phase>/seconds`` rows), when anatomy is on.
     anatomy: dict[str, float] = field(default_factory=dict)
+    #: The launch it is shown at (its latest), and whether an earlier one ran it too.
+    attempt: int = 1
+    redone: bool = False
 
     @property
     def seconds(self) -> float:
@@ -79,6 +86,17 @@ class Stall:
 
 
 @dataclass
+class Places:
+    """Where each process of the job was (``when``), as the verdict names them (``sentence``:
+    the ones not where the rest are; empty when all are alike)."""
+
+    when: str
+    sentence: str
+    #: (process, its last step, where it was, named by the verdict).
+    processes: list[tuple[str, str, str, bool]]
+
+
+@dataclass
 class RunPicture:
     log_dir: Path
     t0: float
@@ -88,6 +106,7 @@ class RunPicture:
     stalls: list[Stall]
     #: "node n · GPU i" → [(seconds since t0, utilisation %)].
     gpus: dict[str, list[tuple[float, float]]]
+    places: list[Places] = field(default_factory=list)
 
 
 def load_run(log_dir: str | Path, tail_bytes: int | None = None) -> RunPicture:
@@ -125,12 +144,13 @@ def load_run(log_dir: str | Path, tail_bytes: int | None = None) -> RunPicture:
             lane=lane_of[key], name=raw["name"], start=raw["start"] - t0, end=raw["end"] - t0,
             step=step if isinstance(step, int) else None, attributes=attributes,
             trace_id=raw["trace_id"], span_id=raw["span_id"], parent_id=raw["parent_id"],
-            attempt=attempt if isinstance(attempt, int) else 1,
+            attempt=attempt if isinstance(attempt, int) else None,
         ))  # fmt: skip
-    _steps_of_children(spans)
+    _of_their_step(spans)
     steps = _steps(spans, rows, t0)
     stalls = [_stall(report, steps, t0) for report in stall_reports]
-    return RunPicture(root, t0, lanes, spans, steps, stalls, _gpus(rows, t0))
+    places = _places(stall_reports, root / "job", t0)
+    return RunPicture(root, t0, lanes, spans, steps, stalls, _gpus(rows, t0), places)
 
 
 def _stall(report: Mapping[str, Any], steps: list[Step], t0: float) -> Stall:
@@ -156,12 +176,15 @@ def _process_name(resource: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _steps_of_children(spans: list[Span]) -> None:
-    """A span inside a step's trace belongs to that step (its ``rl.step`` root says which)."""
-    step_of_trace = {s.trace_id: s.step for s in spans if s.name == STEP_SPAN}
+def _of_their_step(spans: list[Span]) -> None:
+    """A span inside a step's trace belongs to that step, and to that step's launch where it
+    does not say its own (its ``rl.step`` root says which)."""
+    roots = {s.trace_id: s for s in spans if s.name == STEP_SPAN}
     for span in spans:
-        if span.step is None:
-            span.step = step_of_trace.get(span.trace_id)
+        root = roots.get(span.trace_id)
+        if root is not None:
+            span.step = root.step if span.step is None else span.step
+            span.attempt = root.attempt if span.attempt is None else span.attempt
 
 
 def _steps(spans: list[Span], rows: list[dict[str, Any]], t0: float) -> list[Step]:
@@ -170,24 +193,30 @@ def _steps(spans: list[Span], rows: list[dict[str, Any]], t0: float) -> list[Ste
     tracing, from the rows: a step ends when its row was written (which may lag a step behind)
     and lasts its ``anatomy/wall/seconds``."""
     latest_rows: dict[int, dict[str, Any]] = {}
+    row_attempts: dict[int, set[int]] = {}
     for row in rows:
         if row.get("axis") is not None or type(row.get("step")) is not int:
             continue
+        row_attempts.setdefault(row["step"], set()).add(_attempt(row))
         kept = latest_rows.get(row["step"])
         if kept is None or _attempt(row) >= _attempt(kept):
             latest_rows[row["step"]] = row
     anatomy = {step: _anatomy(row["metrics"]) for step, row in latest_rows.items()}
-    latest: dict[int, int] = {}
+    attempts: dict[int, set[int]] = {}
     for span in spans:
         if span.name == STEP_SPAN and span.step is not None:
-            latest[span.step] = max(latest.get(span.step, 0), span.attempt)
+            attempts.setdefault(span.step, set()).add(span.attempt or 1)
     by_step: dict[int, Step] = {}
     for span in spans:  # a step may be several spans (a segment per log call that opened it)
-        if span.name != STEP_SPAN or span.step is None or span.attempt != latest[span.step]:
+        if span.name != STEP_SPAN or span.step is None:
+            continue
+        ran = attempts[span.step]
+        if (span.attempt or 1) != max(ran):
             continue
         known = by_step.get(span.step)
         if known is None:
-            by_step[span.step] = Step(span.step, span.start, span.end, _phases(anatomy, span.step))
+            by_step[span.step] = Step(span.step, span.start, span.end, _phases(anatomy, span.step),
+                                      max(ran), len(ran) > 1)  # fmt: skip
         else:
             known.start, known.end = min(known.start, span.start), max(known.end, span.end)
     if by_step:
@@ -196,7 +225,8 @@ def _steps(spans: list[Span], rows: list[dict[str, Any]], t0: float) -> list[Ste
     for step, row in sorted(latest_rows.items(), key=lambda item: item[1]["time"]):
         end = row["time"] - t0
         wall = anatomy[step].get(_WALL)
-        steps.append(Step(step, end - wall if wall else end, end, _phases(anatomy, step)))
+        steps.append(Step(step, end - wall if wall else end, end, _phases(anatomy, step),
+                          _attempt(row), len(row_attempts[step]) > 1))  # fmt: skip
     return sorted(steps, key=lambda s: s.step)
 
 
@@ -256,13 +286,56 @@ def _stall_reports(folder: Path) -> list[dict[str, Any]]:
         verdict = verdict.get("text") if isinstance(verdict, dict) else verdict
         last, attempt = report.get("last_step"), report.get("attempt")
         lasted = report.get("seconds_since_step")
+        job = report.get("job")
         found.append({"start": start, "verdict": str(verdict or ""),
+                      "job": job if isinstance(job, dict) else None,
                       "attempt": attempt if type(attempt) is int else 1, "precise": precise,
                       "lasted": float(lasted) if type(lasted) in (int, float) else 0.0,
                       "seconds": float(seconds) if isinstance(seconds, (int, float)) else None,
                       "last_step": last if isinstance(last, int) else None,
                       "report": str(path)})  # fmt: skip
     return found
+
+
+def _places(reports: list[dict[str, Any]], job_dir: Path, t0: float) -> list[Places]:
+    """Where the job's processes were: as the verdict of the run's last stall that has one names
+    them, and as each last published (``<log_dir>/job/``, compared as of the last of them)."""
+    places = []
+    judged = [r for r in reports if r["job"] is not None]
+    if judged:
+        last = max(judged, key=lambda r: r["start"])
+        after = "before the first step" if last["last_step"] is None else (
+            f"after step {last['last_step']}")  # fmt: skip
+        places.append(_job_places(last["job"], f"at the stall {after}"))
+    found = JobStates()
+    found.states = [s for s in DirectoryBoard(job_dir, started=0.0).read()[0]
+                    if s["published"] >= t0]  # fmt: skip
+    if found.states:
+        at = max(s["published"] for s in found.states)
+        clock = datetime.fromtimestamp(at, timezone.utc).strftime("%H:%M:%S UTC")
+        places.append(_job_places(job_verdict(found, at).to_json(),
+                                  f"as each last published ({job_dir}), at {clock}"))  # fmt: skip
+    return places
+
+
+def _job_places(job: Mapping[str, Any], when: str) -> Places:
+    """A job verdict's processes (a stall report's ``job``), each with where it was."""
+    named = {(p.get("pid"), p.get("node")): p.get("last_heard")
+             for key in ("odd_ones_out", "not_heard_from")
+             for p in _dicts(job.get(key))}  # fmt: skip
+    rows = []
+    for process in _dicts(job.get("processes")):
+        phase, wait, at = process.get("phase"), process.get("wait"), process.get("at")
+        where = [f"inside {' > '.join(str(phase).split('/'))}" if phase else "outside any timer",
+                 f"waits on {wait}" if wait else f"at {at}" if at else "",
+                 f"pid {process.get('pid')} on {process.get('node')}"]  # fmt: skip
+        key = (process.get("pid"), process.get("node"))
+        if named.get(key):
+            where.append(f"not heard from since {named[key]}")
+        step = process.get("step")
+        rows.append((str(process.get("name")), "" if step is None else str(step),
+                     ", ".join(w for w in where if w), key in named))  # fmt: skip
+    return Places(when, str(job.get("sentence") or ""), rows)
 
 
 def _jsonl(path: Path, tail_bytes: int | None = None) -> Iterator[dict[str, Any]]:

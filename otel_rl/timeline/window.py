@@ -1,8 +1,11 @@
-"""Which part of a run a picture shows: a range of steps, by default the slowest step and the
-steps around it, and the spans, stalls and GPU points within that time."""
+"""Which part of a run a picture shows: a range of steps, by default the slowest step after
+warm-up and the steps around it; the spans of those steps, and the stalls and GPU points within
+their time."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from otel_rl.timeline.run_picture import RunPicture, Span, Stall, Step
@@ -36,7 +39,8 @@ def parse_steps(text: str) -> tuple[int, int]:
 
 def choose(picture: RunPicture, steps: tuple[int, int] | None = None) -> Window:
     """The steps asked for (all of them that the run has in that range), or the slowest step
-    and :data:`AROUND` on each side; with no step at all, the whole run."""
+    after warm-up (the first step of each launch is left out, unless it is the only one) and
+    :data:`AROUND` on each side; with no step at all, the whole run."""
     ordered = sorted(picture.steps, key=lambda s: s.step)
     if steps is not None:
         chosen = [s for s in ordered if steps[0] <= s.step <= steps[1]]
@@ -45,9 +49,11 @@ def choose(picture: RunPicture, steps: tuple[int, int] | None = None) -> Window:
             raise ValueError(f"--steps {steps[0]}-{steps[1]}: the run has no such step "
                              f"(its steps: {have})")  # fmt: skip
     elif ordered:
-        centre = ordered.index(max(ordered, key=lambda s: s.seconds))
+        # warm: not the first step of a launch (of the run, or of a relaunch)
+        warm = [s for i, s in enumerate(ordered) if i and s.attempt == ordered[i - 1].attempt]
+        centre = ordered.index(max(warm or ordered, key=lambda s: s.seconds))
         stall = _longest_stall(picture)
-        if stall is not None and _length(stall, picture) > ordered[centre].seconds:
+        if stall is not None and stall_seconds(stall, picture) > ordered[centre].seconds:
             # A stall the run never got out of (killed in it) has no slow step of its own.
             after = [i for i, s in enumerate(ordered) if s.step > (stall.last_step or -1)]
             centre = after[0] if after else len(ordered) - 1
@@ -65,25 +71,64 @@ def choose(picture: RunPicture, steps: tuple[int, int] | None = None) -> Window:
                 stall.last_step == last or (last_of_run and stall.last_step > last)
             )
             if held or start <= stall.start <= end + 1e-9:
-                end = max(end, stall.start + _length(stall, picture))
+                end = max(end, stall.start + stall_seconds(stall, picture))
     else:
         times = [s.start for s in picture.spans] + [s.end for s in picture.spans]
         start, end = min(times, default=0.0), max(times, default=0.0)
+    stalls = [s for s in picture.stalls if s.start <= end and (s.end is None or s.end >= start)]
     return Window(
         steps=chosen, start=start, end=end,
-        spans=[s for s in picture.spans if s.end >= start and s.start <= end],
-        stalls=[s for s in picture.stalls
-                if s.start <= end and (s.end is None or s.end >= start)],
+        spans=spans_of(picture, chosen, stalls) if chosen else list(picture.spans),
+        stalls=stalls,
         gpus={name: [(t, v) for t, v in points if start <= t <= end]
               for name, points in picture.gpus.items()},
     )  # fmt: skip
 
 
+def spans_of(
+    picture: RunPicture, steps: Sequence[Step], stalls: Sequence[Stall] = ()
+) -> list[Span]:
+    """The spans of ``steps``, each at the launch the step is shown at (an earlier launch that
+    ran it too is left out), and the spans of no known step within their time or a stall's (a
+    step the run died in has no ``rl.step`` span on disk). A span of a step whose launch it
+    does not say is that step's when it lies in that step's time."""
+    shown = {s.step: s for s in steps}
+    in_time = overlapping([(s.start, s.end) for s in steps]
+                          + [(s.start, s.start + stall_seconds(s, picture)) for s in stalls])
+
+    def held(span: Span) -> bool:
+        if span.step is None:
+            return in_time(span.start, span.end)
+        step = shown.get(span.step)
+        if step is None or span.attempt is not None:
+            return step is not None and span.attempt == step.attempt
+        return step.start < span.end and span.start < step.end
+
+    return [s for s in picture.spans if held(s)]
+
+
+def overlapping(times: Iterable[tuple[float, float]]) -> Callable[[float, float], bool]:
+    """Whether the time from ``a`` to ``b`` overlaps any of ``times`` (ranges of seconds)."""
+    merged: list[list[float]] = []
+    for a, b in sorted(times):
+        if merged and a < merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    starts = [a for a, _ in merged]
+
+    def test(a: float, b: float) -> bool:
+        last = bisect_left(starts, b) - 1  # the last range that begins before b
+        return last >= 0 and merged[last][1] > a
+
+    return test
+
+
 def _longest_stall(picture: RunPicture) -> Stall | None:
-    return max(picture.stalls, key=lambda s: _length(s, picture), default=None)
+    return max(picture.stalls, key=lambda s: stall_seconds(s, picture), default=None)
 
 
-def _length(stall: Stall, picture: RunPicture) -> float:
+def stall_seconds(stall: Stall, picture: RunPicture) -> float:
     """A stall's length; one that never ended lasts until the last thing the run recorded."""
     if stall.end is not None:
         return stall.end - stall.start

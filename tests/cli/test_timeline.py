@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import subprocess
 import sys
@@ -61,17 +62,39 @@ def _attribute(span, key):
 
 
 def _expected(log_dir: Path, first: int, last: int) -> tuple[int, set[tuple]]:
-    """Spans in the time of steps first..last, and their lanes, from the trace file alone."""
+    """The spans of steps first..last and their lanes, from the trace file alone: a span's step
+    is its trace's ``rl.step`` span's (or its own ``rl.step`` attribute), counted at the step's
+    latest launch only; a span of no step counts where it lies in one of those ``rl.step``
+    spans' time."""
     spans = _spans(log_dir)
-    steps = [s for _, s in spans if s.name == "rl.step"
-             and _attribute(s, "rl.step") in range(first, last + 1)]  # fmt: skip
-    start = min(s.start_time_unix_nano for s in steps)
-    end = max(s.end_time_unix_nano for s in steps)
-    inside = [(r, s) for r, s in spans
-              if s.end_time_unix_nano >= start and s.start_time_unix_nano <= end]  # fmt: skip
+    roots = {s.trace_id: (r, s) for r, s in spans if s.name == "rl.step"}
+
+    def step_and_launch(resource, span) -> tuple[int | None, int]:
+        if span.trace_id in roots:
+            resource, span = roots[span.trace_id]
+        return _attribute(span, "rl.step"), resource.get("otel_rl.attempt") or 1
+
+    latest: dict[int, int] = {}
+    for r, s in roots.values():
+        step, launch = step_and_launch(r, s)
+        latest[step] = max(latest.get(step, 0), launch)
+
+    def shown(r, s) -> bool:
+        step, launch = step_and_launch(r, s)
+        return step is not None and first <= step <= last and launch == latest[step]
+
+    times = [(s.start_time_unix_nano, s.end_time_unix_nano) for r, s in roots.values()
+             if shown(r, s)]  # fmt: skip
+    inside = [(r, s) for r, s in spans if shown(r, s) or (step_and_launch(r, s)[0] is None
+              and any(a < s.end_time_unix_nano and s.start_time_unix_nano < b
+                      for a, b in times))]  # fmt: skip
     lanes = {(r.get("process.pid"), r.get("otel_rl.role"), r.get("otel_rl.rank"),
               _attribute(s, "thread.id")) for r, s in inside}  # fmt: skip
     return len(inside), lanes
+
+
+def _page_data(page: Path) -> dict:
+    return json.loads(re.search(r"const RUN = (\{.*?\});</script>", page.read_text())[1])
 
 
 def test_the_page_of_a_run_renders_offline_every_span_and_lane_of_its_steps(demo_run, tmp_path):
@@ -104,7 +127,7 @@ def test_by_default_the_page_shows_the_slowest_step_its_stall_and_verdict(demo_r
     shown = browser.render(page)
     assert shown.console_errors == [] and shown.body["errors"] == "0", shown.log[-3000:]
     assert shown.body["stalls"] == "1" and shown.body["steps"] == "5"
-    data = json.loads(re.search(r"const RUN = (\{.*?\});</script>", page.read_text())[1])
+    data = _page_data(page)
     (stall,) = data["stalls"]
     assert "wait_for_a_rollout_that_hangs" in stall["verdict"]
     assert stall["end"] - stall["start"] == pytest.approx(3.0, abs=0.5)
@@ -112,7 +135,9 @@ def test_by_default_the_page_shows_the_slowest_step_its_stall_and_verdict(demo_r
                      key=lambda s: s["end"] - s["start"])  # fmt: skip
     assert generation["step"] == slowest  # the long generation is in the slowest step's trace
     assert stall["start"] <= generation["end"] and generation["start"] <= stall["end"]
-    assert data["anatomy"] and {"generation", "train/worker_step"} <= set(data["phases"])
+    assert {"generation", "train/worker_step"} <= set(data["phases"])
+    (row,) = [r for r in data["overview"] if r[0] == slowest]
+    assert row[6 + data["phases"].index("generation")] > 3.0  # its anatomy, stacked above
     # The whole run's time, as `otel-rl why` tells it, under the charts.
     why = _cli("why", str(demo_run)).stdout.splitlines()
     table = why[why.index(next(line for line in why if line.startswith("where the run's"))):]
@@ -318,7 +343,7 @@ def test_a_relaunched_run_is_drawn_at_its_latest_attempt(tmp_path):
 
 def test_without_tracing_each_step_lasts_its_anatomy_wall(tmp_path):
     log_dir = tmp_path / "run"
-    with Logger({"log_dir": str(log_dir)}) as logger:
+    with Logger({"log_dir": str(log_dir), "tracing": {"enabled": False}}) as logger:
         for step in range(5):
             with logger.timer("generation"):
                 time.sleep(0.01 * (step + 1))
@@ -342,8 +367,11 @@ for step in range(40):
 
 
 def test_a_run_killed_in_a_stall_is_drawn_around_the_stall_and_why_counts_it(tmp_path):
+    """The run is one process of a job whose processes share ``log_dir`` (``WORLD_SIZE`` 2):
+    it publishes its state to ``<log_dir>/job/``, and the page says where it last was."""
     log_dir = tmp_path / "run"
-    child = subprocess.Popen([sys.executable, "-c", _KILLED_IN_A_STALL, str(log_dir)])
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_IN_A_STALL, str(log_dir)], env=env)
     try:
         deadline = time.monotonic() + 60
         while not list((log_dir / "stalls").glob("*.json")) and time.monotonic() < deadline:
@@ -358,13 +386,22 @@ def test_a_run_killed_in_a_stall_is_drawn_around_the_stall_and_why_counts_it(tmp
     done = _cli("timeline", str(log_dir), "-o", str(page))
     assert done.returncode == 0, done.stderr
     assert "1 stall(s)" in done.stdout  # the picture is the stall's, not a step's
-    data = json.loads(re.search(r"const RUN = (\{.*?\});</script>", page.read_text())[1])
+    data = _page_data(page)
     (stall,) = data["stalls"]
     # It starts where the work drawn ends (step 29's generation), not a second before it.
     worked = max(s["end"] for s in data["spans"])
     assert worked - 0.05 <= stall["start"] <= worked + 0.1
     why = _cli("why", str(log_dir)).stdout
     assert "lost to 1 stall(s): " in why and "1 never ended" in why
+    text = html.unescape(page.read_text().split("<script>")[0])
+    captions = re.findall(r"<caption>(.*?)</caption>", text)
+    assert captions[0] == "where the job's processes were, at the stall after step 29"
+    assert captions[1].startswith(f"where the job's processes were, as each last published "
+                                  f"({log_dir / 'job'}), at ")  # fmt: skip
+    last = text.split(captions[1])[1]
+    assert re.search(rf"<td>process \(pid {child.pid}\)</td><td>29</td><td>inside generation, "
+                     r"at <module> \(<string>:8\), pid ", last)  # fmt: skip
+    assert browser.render(page).body["places"] == "2"
 
 
 def test_malformed_rows_and_reports_cost_only_themselves(demo_run, tmp_path):
@@ -392,3 +429,185 @@ def test_malformed_rows_and_reports_cost_only_themselves(demo_run, tmp_path):
 def test_a_folder_of_runs_names_them(demo_run):
     done = _cli("timeline", str(demo_run.parent))
     assert done.returncode == 2 and "holds runs: exp_001" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory) -> Path:
+    """200 steps of a real Logger: step 0 the slowest (its warm-up), then step 120."""
+    log_dir = tmp_path_factory.mktemp("long") / "run"
+    with _traced(log_dir) as logger:
+        for step in range(200):
+            with logger.timer("generation"):
+                time.sleep(0.4 if step == 0 else 0.15 if step == 120 else 0.002)
+            with logger.timer("train"):
+                pass
+            logger.log_metrics({"loss": 1.0}, step=step)
+    return log_dir
+
+
+def _shown(log_dir: Path, page: Path, *args: str) -> browser.Rendered:
+    done = _cli("timeline", str(log_dir), "-o", str(page), *args)
+    assert done.returncode == 0, done.stderr
+    shown = browser.render(page)
+    assert shown.console_errors == [] and shown.body["errors"] == "0", shown.log[-3000:]
+    return shown
+
+
+@pytest.mark.slow
+def test_the_page_draws_every_step_of_the_run_above_its_window(long_run, tmp_path):
+    page = tmp_path / "run.html"
+    shown = _shown(long_run, page)
+    assert shown.body["overview-steps"] == "200"
+    data = _page_data(page)
+    assert [row[0] for row in data["overview"]] == list(range(200))
+    generation = 6 + data["phases"].index("generation")  # its column: each phase's seconds
+    assert data["overview"][120][generation] == pytest.approx(0.15, abs=0.05)
+
+
+@pytest.mark.slow
+def test_by_default_the_slowest_step_after_the_run_s_first_is_shown(long_run, tmp_path):
+    page = tmp_path / "default.html"
+    done = _cli("timeline", str(long_run), "-o", str(page))
+    assert done.returncode == 0 and "steps 118-122," in done.stdout, done.stdout + done.stderr
+    shown = browser.render(page)
+    assert shown.console_errors == [] and shown.body["errors"] == "0", shown.log[-3000:]
+    assert shown.body["window"] == "118-122" and shown.body["steps"] == "5"
+    count, lanes = _expected(long_run, 118, 122)
+    assert int(shown.body["spans"]) == count and int(shown.body["lanes"]) == len(lanes)
+    one = tmp_path / "one"
+    with _traced(one) as logger:  # a run of one step: that step
+        logger.log_metrics({"x": 1.0}, step=0)
+    assert _shown(one, tmp_path / "one.html").body["window"] == "0"
+
+
+#: After the page's own scripts: a click (the mouse moved there, pressed, released) on the
+#: overview, just above the axis at a step.
+_CLICK = """<script>(function () {
+  const box = document.getElementById("overview");
+  const [x, y] = echarts.getInstanceByDom(box).convertToPixel({gridIndex: 0}, ["STEP", 0]);
+  const canvas = box.querySelector("canvas"), rect = canvas.getBoundingClientRect();
+  const at = {clientX: rect.left + x, clientY: rect.top + y - 4, bubbles: true, button: 0};
+  for (const type of ["mousemove", "mousedown", "mouseup", "click"])
+    canvas.dispatchEvent(new MouseEvent(type, at));
+})();</script>"""
+
+
+def _with_script(page: Path, script: str) -> browser.Rendered:
+    """``page`` with ``script`` run after its own, in Chromium."""
+    head, body_end, tail = page.read_text().rpartition("</body>")
+    changed = page.with_name(f"with-{page.name}")
+    changed.write_text(head + script + body_end + tail)
+    shown = browser.render(changed)
+    assert shown.console_errors == [] and shown.body["errors"] == "0", shown.log[-3000:]
+    return shown
+
+
+@pytest.mark.slow
+def test_a_click_on_a_step_of_the_overview_opens_it_and_its_neighbours(long_run, tmp_path):
+    page = tmp_path / "run.html"
+    _shown(long_run, page)
+    shown = _with_script(page, _CLICK.replace("STEP", "40"))
+    assert shown.body["window"] == "38-42" and shown.body["steps"] == "5"
+    count, lanes = _expected(long_run, 38, 42)
+    assert int(shown.body["spans"]) == count and int(shown.body["lanes"]) == len(lanes)
+
+
+# Rank 0 logs with a Logger, rank 1 records with WorkerMetrics; both sync each step in an
+# all_reduce of a gloo group, until at step 3 rank 1 sits in load_the_next_batch instead.
+_TWO_RANKS = """
+import pathlib, sys, time
+import torch
+import torch.distributed as dist
+
+rank, port, log_dir = int(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+if rank == 0:
+    from otel_rl import Logger
+    metrics = Logger({"log_dir": str(log_dir), "tracing": {"enabled": True},
+                      "stalls": {"after": 1.0, "factor": 1.0}})
+else:
+    from otel_rl import WorkerMetrics
+    metrics = WorkerMetrics(rank=1, role="trainer")
+
+
+def load_the_next_batch():
+    while True:
+        time.sleep(0.1)
+
+
+values = torch.ones(2)
+for step in range(10):
+    if step == 3 and rank == 1:
+        load_the_next_batch()
+    with metrics.timer("sync"):
+        dist.all_reduce(values)
+    if rank == 0:
+        metrics.log_metrics({"loss": 1.0}, step=step)
+"""
+
+
+@pytest.mark.slow
+def test_where_each_rank_was_when_the_run_stopped_is_on_the_page(tmp_path):
+    from testkit.servers import free_port
+
+    log_dir, port = tmp_path / "run", str(free_port())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    ranks = [subprocess.Popen([sys.executable, "-c", _TWO_RANKS, str(rank), port, str(log_dir)],
+                              env=env, stderr=subprocess.PIPE, text=True)
+             for rank in range(2)]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not list((log_dir / "stalls").glob("*.json")) and time.monotonic() < deadline:
+            assert ranks[0].poll() is None, ranks[0].communicate()[1][-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # the span processor has written the steps before the stall
+    finally:
+        for rank in ranks:  # the run stops here
+            rank.kill()
+            rank.communicate()
+    (report,) = [json.loads(p.read_text()) for p in (log_dir / "stalls").glob("*.json")]
+    assert report["last_step"] == 2 and report["job"]["odd_ones_out"]
+    page = tmp_path / "stopped.html"
+    shown = _shown(log_dir, page)
+    assert shown.body["places"] == "2"
+    text = html.unescape(page.read_text().split("<script>")[0])
+    table = re.search(r"<table><caption>(.*?)</caption>(.*?)</table>", text, re.S)
+    assert table[1].startswith("where the job's processes were, at the stall after step 2: rank 1 "
+                               "has not joined all_reduce #4 on the default group")  # fmt: skip
+    places = {cells[0]: cells[1:] for cells in (re.findall(r"<td>(.*?)</td>", row)
+              for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table[2])) if cells}  # fmt: skip
+    step, where = places["rank 0"]
+    assert step == "2" and where.startswith("inside sync, waits on torch.distributed.all_reduce")
+    _, where = places["trainer rank 1"]
+    assert where.startswith("outside any timer, at load_the_next_batch (<string>:")
+    assert f"pid {ranks[1].pid} on " in where
+    assert re.search(r'<tr class=odd><td>trainer rank 1</td>', text)  # named by the verdict
+
+
+@pytest.mark.slow
+def test_a_relaunched_run_s_page_draws_each_step_once_and_no_step_outside_it(tmp_path):
+    """Run ``x`` logs 0-9 and ends; relaunched, it redoes 5-9 and logs on to 12. Steps 3-7 are
+    drawn with 3 and 4 as the first launch ran them, 5-7 as the second did (the page says the
+    first ran them too), and without the ``rl.step`` spans of steps 2 and 8 that touch them."""
+    log_dir = tmp_path / "run"
+    for steps in (range(10), range(5, 13)):
+        with _traced(log_dir, run_id="x") as logger:
+            for step in steps:
+                with logger.timer("generation"):
+                    time.sleep(0.01)
+                with logger.timer("train"):
+                    pass
+                logger.log_metrics({"x": 1.0}, step=step)
+    page = tmp_path / "relaunched.html"
+    _shown(log_dir, page, "--steps", "3-7")
+    shown = _with_script(page, "<script>document.body.dataset.legend = "
+                               "document.getElementById('legend').textContent;</script>")
+    count, lanes = _expected(log_dir, 3, 7)
+    assert count == 5 * 3  # rl.step, generation and train of each step, of one launch
+    assert int(shown.body["spans"]) == count and int(shown.body["lanes"]) == len(lanes)
+    assert "an earlier launch ran steps 5\u20137 too: drawn as launch 2 ran them" \
+        in shown.body["legend"]  # fmt: skip
+    data = _page_data(page)
+    assert sorted(s["step"] for s in data["spans"] if s["name"] == "rl.step") == [3, 4, 5, 6, 7]
+    trace = _perfetto(log_dir, "--steps", "3-7")
+    assert len([e for e in trace["traceEvents"] if e["ph"] == "X"]) == count
