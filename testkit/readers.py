@@ -67,3 +67,24 @@ def anatomy_phases(row: dict[str, Any], untimed: bool = False) -> dict[str, floa
         for key, value in row.items()
         if key.startswith("anatomy/") and key.endswith("/seconds") and not key.startswith(left_out)
     }
+
+
+def trace_file_spans(log_dir: str | Path) -> list[tuple[dict[str, Any], Any]]:
+    """(resource attributes, span) of every span in a run's ``traces.jsonl`` (and the file it
+    rotated to), parsed by OpenTelemetry's own OTLP JSON messages (``opentelemetry-proto-json``,
+    which reads hex ids as the specification writes them)."""
+    from opentelemetry.proto_json.collector.trace.v1.trace_service import (
+        ExportTraceServiceRequest,
+    )
+
+    from otel_rl.telemetry.trace_file import trace_files
+
+    out = []
+    for path in trace_files(log_dir):
+        for line in filter(None, path.read_text().splitlines()):
+            for rs in ExportTraceServiceRequest.from_json(line).resource_spans:
+                resource = {kv.key: next((v for v in (kv.value.string_value, kv.value.int_value)
+                                          if v is not None), None)
+                            for kv in rs.resource.attributes}  # fmt: skip
+                out.extend((resource, span) for ss in rs.scope_spans for span in ss.spans)
+    return out

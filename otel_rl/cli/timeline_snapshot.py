@@ -4,7 +4,7 @@ run's last ``LAST`` steps, and where the run's time went as a table, for the run
 
 A process of its own: reading the trace file and drawing take seconds of CPU and hold the GIL,
 which the training process's threads would feel. Prints one line of JSON: the steps drawn,
-whether the image was (it needs matplotlib) and the time table (:func:`time_table`); exit code 2
+whether the image was (it needs Pillow) and the time table (:func:`time_table`); exit code 2
 when the run has no step to draw yet.
 """
 
@@ -80,7 +80,7 @@ def snapshot(log_dir: Path, last: int, html_path: Path, png_path: Path) -> dict[
 
         png_path.write_bytes(draw_png(picture, window))
     except ImportError as exc:
-        drawn = f"no image: {exc} (pip install matplotlib)"
+        drawn = f"no image: {exc} (pip install pillow)"
     return {"steps": list(steps), "spans": len(window.spans), "image": drawn or "drawn",
             "time_table": rows}  # fmt: skip
 

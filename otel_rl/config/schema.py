@@ -300,14 +300,17 @@ class ExportSection(Section):
 
 
 class TracingSection(Section):
-    enabled: bool = _field(
-        False,
-        "every `timer()` is also an OTel span, exported with OTLP when `otlp.enabled` "
-        "([distributed.md](distributed.md#timers-as-spans))",
+    enabled: bool | None = _field(
+        None,
+        "unset: every `timer()`'s span goes to `<log_dir>/traces.jsonl`, made from the timers' "
+        "records off the training thread, with no tracing SDK; `true`: timers are also OTel SDK "
+        "spans, exported with OTLP when `otlp.enabled` and followed into Ray actors and other "
+        "ranks ([distributed.md](distributed.md#timers-as-spans)); `false`: no spans",
+        shown_default="unset",
     )
     file: bool = _field(
         True,
-        "with `enabled`: the spans also go to `<log_dir>/traces.jsonl`, OTLP JSON "
+        "the spans go to `<log_dir>/traces.jsonl`, OTLP JSON "
         "([tracing.md](tracing.md#spans-on-disk))",
     )
     file_max_mb: int = _field(

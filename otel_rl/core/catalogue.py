@@ -165,6 +165,12 @@ TIMING = Metric(
     f"timing/{NAME}", "histogram", "s", f"duration of {NAME}",
     "`logger.timer(name)` used, `prometheus` or `otlp` on",
 )  # fmt: skip
+TIMINGS_DROPPED = Metric(
+    "otel_rl.timings.dropped", "observable_counter", "{timing}",
+    "timings left out of the timing histograms because Prometheus/OTLP had not collected the "
+    "200,000 before them (the trackers' timing/* rows keep every one)",
+    "`logger.timer(name)` used, `prometheus` or `otlp` on",
+)  # fmt: skip
 # Gauges of the step's anatomy rows (docs/anatomy.md): no unit, their names say it.
 ANATOMY = Metric(
     f"anatomy/{NAME}", "observable_gauge", "", f"where the step's time went: {NAME}",
@@ -232,7 +238,7 @@ SCRAPE_NODES = Metric(
 #: Every entry, in the order docs/metrics.md lists them.
 CATALOGUE: tuple[Metric, ...] = (
     STEPS, STEP, EXPORTER_QUEUE, EXPORTER_DELIVERED, EXPORTER_DROPPED, VALUES_NONFINITE,
-    OTLP_EXPORT_FAILURES, STALLED, SECONDS_SINCE_STEP, TIMING, ANATOMY,
+    OTLP_EXPORT_FAILURES, STALLED, SECONDS_SINCE_STEP, TIMING, TIMINGS_DROPPED, ANATOMY,
     GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_POWER, GPU_TEMPERATURE,
     NODE_MEMORY_USED, NODE_MEMORY_TOTAL, NODE_CPU_UTILIZATION,
     SCRAPE_DURATION, SCRAPE_ERRORS, SCRAPE_SERIES, SCRAPE_NODES,

@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Mapping
-from types import MappingProxyType
 
 from otel_rl.core.errors import shown_key
 
@@ -59,7 +57,6 @@ class KeyRegistry:
     def __init__(self) -> None:
         self._by_key: dict[str, tuple[str, str]] = {}
         self._by_prometheus: dict[str, str] = {}
-        self._by_instrument: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def claim(self, key: str, kind: str) -> str:
@@ -83,15 +80,4 @@ class KeyRegistry:
             name = instrument_name(key)
             self._by_key[key] = (name, kind)
             self._by_prometheus[prom] = key
-            self._by_instrument[name.lower()] = key
             return name
-
-    def key_for(self, instrument: str) -> str | None:
-        """The user's key behind an instrument name of ours, if any."""
-        return self._by_instrument.get(instrument)
-
-    @property
-    def by_instrument(self) -> Mapping[str, str]:
-        """Instrument name -> user key, live and read-only: step batches carry it as data and
-        read it on a tracker's thread (entries are only ever added)."""
-        return MappingProxyType(self._by_instrument)

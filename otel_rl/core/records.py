@@ -295,7 +295,8 @@ class StepBatch(Record):
     time: float = field(default_factory=time.time)
     axis: str | None = None
     step_metrics: Mapping[str, str] = field(default_factory=dict)
-    timer_keys: Mapping[str, str] = field(default_factory=dict)
+    #: ``(timing/<name>, seconds)`` of each use of a timer in the step: its row is their sum.
+    timings: Sequence[tuple[str, float]] = ()
     seal: int | None = None
     provisional: bool = False
     _rows: dict[str, RowValue] | None = field(default=None, init=False, repr=False)
@@ -304,21 +305,24 @@ class StepBatch(Record):
 
     @property
     def rows(self) -> dict[str, RowValue]:
-        """``{key: value}`` for this step: OTel data first, then the logged values on top."""
+        """``{key: value}`` for this step: OTel data and the timers' totals first, then the
+        logged values on top."""
         rows = self._rows
-        if rows is None and not self.otel and type(self.values) is dict:
-            # The usual step (no OTel data): its values are its rows. The batch owns them (the
-            # step assembler starts a new dict at each seal), so no copy is made.
+        if rows is None and not self.otel and not self.timings and type(self.values) is dict:
+            # The usual step of a loop without timers: its values are its rows. The batch owns
+            # them (the step assembler starts a new dict at each seal), so no copy is made.
             rows = self._rows = self.values
         elif rows is None:
             # One lock for every batch, not one made per step on the training thread: rows
-            # with OTel data are computed once, by the first tracker to ask.
+            # with OTel data or timings are computed once, by the first tracker to ask.
             with _ROWS_LOCK:
                 rows = self._rows
                 if rows is None:
-                    rows = {}
-                    if self.otel:
-                        rows.update(rows_from_metrics(self.otel, self.timer_keys))
+                    rows = rows_from_metrics(self.otel) if self.otel else {}
+                    totals: dict[str, float] = {}
+                    for key, seconds in self.timings:
+                        totals[key] = totals.get(key, 0.0) + seconds
+                    rows.update(totals)
                     rows.update(self.values)
                     self._rows = rows
         return rows
@@ -476,42 +480,27 @@ def last_gauge_value(data: MetricsData, name: str) -> float | None:
     return None
 
 
-def rows_from_metrics(
-    datas: Sequence[MetricsData], timer_keys: Mapping[str, str] | None = None
-) -> dict[str, RowValue]:
+def rows_from_metrics(datas: Sequence[MetricsData]) -> dict[str, RowValue]:
     """Turn OTel data collected during one step into row values.
 
-    ``timer_keys`` maps the instrument names of otel-rl's own timers (scope ``otel_rl``) back to
-    the user's keys; those rows hold the step's total seconds. Other instruments appear under
-    their OTel name, with attributes as ``name{a=1,b=x}``. Gauges give their last value, sums
-    their value (per step for counters, which the step reader reads as deltas), histograms a
-    :class:`HistogramValue` under the key plus ``/count, /sum, /mean, /min, /max`` scalars.
-    Several collections within one step are merged.
+    Instruments appear under their OTel name, with attributes as ``name{a=1,b=x}``. Gauges
+    give their last value, sums their value (per step for counters, which the step reader reads
+    as deltas), histograms a :class:`HistogramValue` under the key plus ``/count, /sum, /mean,
+    /min, /max`` scalars. Several collections within one step are merged.
     """
     numbers: dict[str, float] = {}
     histograms: dict[str, HistogramValue] = {}
-    timers: set[str] = set()
-    for scope, metric in scoped_metrics(datas):
-        key = timer_keys.get(metric.name) if timer_keys and scope == OWN_SCOPE else None
-        base, kind = (key, "timer") if key is not None else (metric.name, "")
-        _merge_points(metric.data, base, kind, numbers, histograms, timers)
+    for _, metric in scoped_metrics(datas):
+        _merge_points(metric.data, metric.name, numbers, histograms)
     rows: dict[str, RowValue] = dict(numbers)
     for key, hist in histograms.items():
-        if key in timers:
-            rows[key] = hist.sum
-            continue
         rows[key] = hist
         rows.update(hist.stats(key))
     return rows
 
 
 def _merge_points(
-    data: Any,
-    base: str,
-    kind: str,
-    numbers: dict[str, float],
-    histograms: dict[str, HistogramValue],
-    timers: set[str],
+    data: Any, base: str, numbers: dict[str, float], histograms: dict[str, HistogramValue]
 ) -> None:
     for point in data.data_points:
         key = _with_attributes(base, point.attributes)
@@ -524,8 +513,6 @@ def _merge_points(
                 point.min,
                 point.max,
             )
-            if kind == "timer":
-                timers.add(key)
             old = histograms.get(key)
             histograms[key] = old.merge(hist) if old is not None else hist
         elif isinstance(data, Sum):

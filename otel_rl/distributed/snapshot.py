@@ -18,13 +18,14 @@ for that name over the step (repeated timers add up). A histogram has explicit b
 merges exactly. ``anatomy`` (optional: a snapshot without it is still format 1) holds the
 seconds the worker spent inside its own timers, by timer path, each exclusive of the timers nested
 in it (the driver's step anatomy, docs/anatomy.md). ``spans`` (optional too, from a worker
-that traces) are its timer spans that ended since the last snapshot, for the driver's trace file
+that traces) are its timer spans, and where the Ray hook ran its process's Ray spans, that ended
+since the last snapshot or are still running (marked open), for the driver's trace file
 (:mod:`otel_rl.telemetry.span_transfer`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -70,27 +71,16 @@ def empty_snapshot(rank: int, role: str, step: int | None, now: float) -> dict[s
 def add_otel_data(
     snapshot: dict[str, Any],
     datas: Sequence[MetricsData],
-    timer_key: Callable[[str, str], str | None],
     now: float,
 ) -> None:
     """Fold OTel data collected from the worker's provider into ``snapshot``.
 
-    ``timer_key(scope, instrument)`` names the instruments that are timers. Other histograms
-    stay histograms; counters and up-down counters become scalars reduced by ``sum``; gauges
-    become scalars whose reduction the driver's rules decide.
+    Histograms stay histograms; counters and up-down counters become scalars reduced by
+    ``sum``; gauges become scalars whose reduction the driver's rules decide.
     """
-    scalars, timings, histograms = snapshot["scalars"], snapshot["timings"], snapshot["histograms"]
-    for scope, metric in scoped_metrics(datas):
-        timer = timer_key(scope, metric.name)
-        points = metric.data.data_points
-        if timer is not None:
-            total, count = timings.get(timer, (0.0, 0))
-            for p in points:
-                if isinstance(p, HistogramDataPoint):
-                    total, count = total + p.sum, count + p.count
-            timings[timer] = (total, count)
-            continue
-        for p in points:
+    scalars, histograms = snapshot["scalars"], snapshot["histograms"]
+    for _, metric in scoped_metrics(datas):
+        for p in metric.data.data_points:
             key = _with_attributes(metric.name, p.attributes)
             if isinstance(p, HistogramDataPoint):
                 entry: HistogramEntry = (

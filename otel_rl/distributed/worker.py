@@ -13,7 +13,6 @@ from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from otel_rl.core.keys import KeyCollisionError, KeyRegistry
-from otel_rl.core.records import OWN_SCOPE
 from otel_rl.distributed.reductions import REDUCTIONS, ReductionConflictError
 from otel_rl.distributed.snapshot import (
     ANATOMY_KEY,
@@ -33,8 +32,8 @@ from otel_rl.distributed.snapshot import (
 )
 from otel_rl.telemetry.span_transfer import SpanCollector
 from otel_rl.telemetry.step_reader import StepReader
-from otel_rl.telemetry.timing import PhaseClock, Timer, TimerFactory
-from otel_rl.telemetry.tracing import RunTracer, hook_active, hook_resource
+from otel_rl.telemetry.timing import PhaseClock, Timer, TimerFactory, timing_totals
+from otel_rl.telemetry.tracing import RunTracer, hook_active, hook_resource, hook_spans
 from otel_rl.watch.job_state import publisher_of_this_process
 
 #: The scope of ``WorkerMetrics.meter``.
@@ -46,8 +45,8 @@ class WorkerMetrics:
 
     ``record(key, value, reduce=..., weight=...)`` keeps a per-step accumulator (a dict update:
     cheap on the hot path, and exact for signed values, which OTel histograms would drop).
-    ``timer(name)`` times a block into the histogram ``timing/<name>`` (seconds) on this
-    worker's own MeterProvider; ``meter`` gives plain OTel instruments on that same provider.
+    ``timer(name)`` times a block into ``timing/<name>`` (seconds); ``meter`` gives plain OTel
+    instruments on this worker's own MeterProvider.
     ``snapshot()`` returns everything since the previous snapshot as plain, picklable data
     (see :mod:`otel_rl.distributed.snapshot`) for ``Logger.log_worker_metrics`` on the driver.
 
@@ -97,12 +96,12 @@ class WorkerMetrics:
         #: Plain OTel instruments: counters sum across workers, histograms merge exactly,
         #: gauges follow the driver's ``reductions`` (default ``mean``).
         self.meter = self.meter_provider.get_meter(USER_SCOPE)
-        self._own_meter = self.meter_provider.get_meter(OWN_SCOPE)
         # Each span names the run of the driver call it runs in (W3C baggage), whenever that run
         # began: timers of a warm-up before the driver's Logger existed leave no mark on later
         # spans. A ``run_id`` given here names every span.
-        # A tracing worker's spans also travel to the driver in its snapshots (its trace file).
-        self._spans = SpanCollector() if tracing else None
+        # A tracing worker's spans also travel to the driver in its snapshots (its trace file);
+        # where the Ray hook ran, with the process's other spans (Ray's own): their parents.
+        self._spans = (hook_spans() or SpanCollector()) if tracing else None
         self._tracer: RunTracer | None = (
             RunTracer(self._span_resource, otlp, processors=[self._spans]) if tracing else None
         )
@@ -111,7 +110,7 @@ class WorkerMetrics:
         # the worker's own timers' time (a worker inside the driver's process counts only its own)
         self._clock = PhaseClock()
         self._timers = TimerFactory(
-            self._own_meter, self._keys, self._tracer, self._span_attributes, clock=self._clock
+            self._keys, self._tracer, self._span_attributes, clock=self._clock
         )
         self._declared: dict[str, str | None] = {}
         self._scalars: dict[str, list[Any]] = {}
@@ -184,7 +183,8 @@ class WorkerMetrics:
             scalars, self._scalars = self._scalars, {}
         snap = empty_snapshot(self.rank, self.role, step, now)
         snap["scalars"] = {key: tuple(acc) for key, acc in scalars.items()}
-        add_otel_data(snap, self._reader.take(), self._timer_key, now)
+        add_otel_data(snap, self._reader.take(), now)
+        snap["timings"].update(timing_totals(self._timers.take()))
         snap[ANATOMY_KEY] = self._clock.take()
         if self._spans is not None:
             snap[SPANS_KEY], snap[SPANS_DROPPED_KEY] = self._spans.take()
@@ -234,8 +234,3 @@ class WorkerMetrics:
             )
         self._declared[key] = reduce
         return reduce
-
-    def _timer_key(self, scope: str, instrument: str) -> str | None:
-        if scope != OWN_SCOPE:
-            return None
-        return self._keys.key_for(instrument)

@@ -19,7 +19,9 @@ keeps the propagation and exports nothing. ``WorkerMetrics`` in a process where 
 traces its timers with no argument and exports them through the same processor; so do the
 drop-ins' timers (NeMo RL's ``Timer``, verl's ``marked_timer``/``simple_timer`` from
 ``otel_rl.compat``) in a worker, where no Logger lives. Each of these spans names the run of the
-driver call it runs in, read from the call's baggage span by span.
+driver call it runs in, read from the call's baggage span by span. Ray's own spans and the
+drop-ins' timers also reach the driver's trace file: a worker's in its ``WorkerMetrics``
+snapshots, the driver's through its Logger.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from otel_rl.core.errors import ConfigError
 from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.telemetry.span_transfer import SpanCollector
 from otel_rl.telemetry.tracing import (
     RunIdFromBaggage,
     hook_active,
@@ -75,7 +78,11 @@ def setup() -> None:
     provider.add_span_processor(cast("SpanProcessor", RunIdFromBaggage()))
     if processor is not None:
         provider.add_span_processor(processor)
-    install_hook(processor, resource)
+    # Ray's spans join the trace file with their children: a worker's in its snapshots, the
+    # driver's through its run's file.
+    spans = SpanCollector()
+    provider.add_span_processor(cast("SpanProcessor", spans))
+    install_hook(processor, resource, spans)
     current = trace.get_tracer_provider()
     if isinstance(current, trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)

@@ -24,7 +24,7 @@ from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.run.anatomy import StepAnatomy
 from otel_rl.run.run import Run
 from otel_rl.run.steps import checked_step
-from otel_rl.telemetry.timing import Timer, TimerFactory
+from otel_rl.telemetry.timing import Timer
 
 
 class Intake:
@@ -49,11 +49,7 @@ class Intake:
         self._side_meter = run.pipeline.side_provider.get_meter(OWN_SCOPE)
         self._side_readers = run.pipeline.has_side_readers
         self._reductions = ReductionRules(reductions)
-        self._timers = TimerFactory(
-            run.pipeline.provider.get_meter(OWN_SCOPE),
-            run.keys,
-            run.step_spans.tracer if run.step_spans else None,
-        )
+        self._timers = run.timers
         self._known: set[str] = set()
         self._latest: dict[str, float] = {}
         self._anatomy: StepAnatomy | None = None

@@ -108,7 +108,8 @@ class TimelineSender:
         step = self._last_step()
         if step is None or (step == self._drawn_at and not last):
             return
-        self._flush_spans(int(timeout * 1000 / 4))  # the last step's spans on disk first
+        if not self._flush_spans(int(timeout * 1000 / 4)):  # the last step's spans on disk
+            return  # first; none at all: no picture
         with tempfile.TemporaryDirectory(prefix="otel-rl-timeline-") as folder:
             html, png = Path(folder) / "page.html", Path(folder) / "page.png"
             result = self._draw([str(self._log_dir), str(self._steps), str(html), str(png)],

@@ -34,9 +34,11 @@ from otel_rl.process.lifecycle import exit_code_hint, weak_atexit
 from otel_rl.run.sources import RunSources
 from otel_rl.run.steps import StepAssembler
 from otel_rl.run.trackers import RunTrackers
+from otel_rl.telemetry.clock_spans import ClockSpans
 from otel_rl.telemetry.pipeline import Pipeline, build_resource
 from otel_rl.telemetry.routing import global_router
 from otel_rl.telemetry.self_telemetry import install_self_telemetry
+from otel_rl.telemetry.timing import TimerFactory, TimingInstruments
 from otel_rl.telemetry.trace_file import MB, TraceFile
 from otel_rl.telemetry.tracing import StepSpans, build_tracer_provider
 
@@ -81,34 +83,53 @@ class Run:
             raise
         self.fanout = Fanout(self.exporters)
         otlp = cfg.otlp if cfg.otlp.enabled else None
-        #: Spans of timers (``tracing.enabled``); ``None`` when tracing is off.
         tracing = cfg.tracing
+        sdk = tracing.enabled is True
         #: ``<log_dir>/traces.jsonl`` (``tracing.file``); ``None`` when spans stay off disk.
         self.trace_file = (
             TraceFile(cfg.log_dir, tracing.file_max_mb * MB)
-            if tracing.enabled and tracing.file
+            if tracing.enabled is not False and tracing.file
             else None
         )
+        #: Timers as OTel SDK spans (``tracing.enabled: true``), else ``None``.
         self.tracer_provider = build_tracer_provider(
-            tracing.enabled, otlp, self.pipeline.resource, trace_file=self.trace_file
+            sdk, otlp, self.pipeline.resource, trace_file=self.trace_file
         )
-        # One ``rl.step`` span per training step, parent of the step's timers (docs/tracing.md).
+        # One ``rl.step`` span per training step, parent of the step's timers (docs/tracing.md):
+        # SDK spans, or (``tracing.enabled`` unset) spans made from the phase clock off the
+        # training thread.
         self.step_spans = (
             StepSpans(self.tracer_provider, run_id=run_id) if self.tracer_provider else None
+        )
+        self.clock_spans = (
+            ClockSpans(self.trace_file, self.pipeline.resource.attributes)
+            if not sdk and self.trace_file is not None
+            else None
         )
         self._router = global_router() if cfg.capture_global_meters else None
         if self._router is not None:
             self._router.route_to(self.pipeline.provider)
         self.keys = KeyRegistry()
+        #: The run's timers (``Logger.timer``): their rows, and their histograms for the
+        #: operator outputs, are derived from what they keep (telemetry/timing.py).
+        self.timers = TimerFactory(
+            self.keys,
+            self.step_spans.tracer if self.step_spans else None,
+            instruments=(
+                TimingInstruments(self.pipeline.side_provider.get_meter(OWN_SCOPE))
+                if self.pipeline.has_side_readers
+                else None
+            ),
+        )
         #: ``steps`` sealed, ``backwards_steps``, ``nonfinite`` values logged.
         self.stats: dict[str, int] = {"nonfinite": 0, "backwards_steps": 0, "steps": 0}
         self.steps = StepAssembler(
             send=self.fanout.send,
-            take_otel=self.pipeline.step_reader.take,
-            timer_keys=self.keys.by_instrument,
+            take_otel=self.pipeline.take_step_data,
+            take_timings=self.timers.take,
             report=report,
             stats=self.stats,
-            step_spans=self.step_spans,
+            step_spans=self.step_spans or self.clock_spans,
         )
         if self.pipeline.has_side_readers:
             install_self_telemetry(
@@ -118,11 +139,7 @@ class Run:
         self.sources = RunSources(
             cfg, run_id=run_id, pipeline=self.pipeline, fanout=self.fanout, steps=self.steps,
             step_spans=self.step_spans,
-            flush_spans=(
-                self.tracer_provider.force_flush
-                if self.tracer_provider is not None and self.trace_file is not None
-                else None
-            ),
+            flush_spans=self._flush_spans if self.trace_file is not None else None,
             flush_trackers=self._flush_trackers,
         )  # fmt: skip
         self._ending: int | None = None  # the thread ending the run
@@ -200,6 +217,16 @@ class Run:
         # to their previous handlers only if the application did not install its own since.
         lifecycle.unregister(self)
 
+    def _flush_spans(self, timeout_millis: int = 30_000) -> bool:
+        """The spans so far on disk (for the timeline picture); ``False`` when the run has
+        none to draw (spans from the phase clock, and no timer used yet)."""
+        if self.tracer_provider is not None:
+            self.tracer_provider.force_flush(timeout_millis)
+            return True
+        assert self.trace_file is not None
+        self.trace_file.write_carried()
+        return self.trace_file.written > 0
+
     def _close_tracing(self) -> None:
         """End the open step spans, then send the spans (the tracer's shutdown has no timeout of
         its own: the deadline of ``finish()`` bounds it)."""
@@ -207,6 +234,10 @@ class Run:
             self.step_spans.close()
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
+        if self.clock_spans is not None:
+            self.clock_spans.close()
+            assert self.trace_file is not None
+            self.trace_file.shutdown()
 
     def abandon_after_fork(self) -> None:
         """In a fork child, which does not own the run: drop the lock a parent thread may have

@@ -27,8 +27,9 @@ class StepAssembler:
 
     Step semantics (docs/configuration.md#steps): values logged with the same step merge into one
     row; the row is sealed when another step is logged, on ``step_finished``, or by
-    ``flush``/``finish`` (``final``). What OTel instruments recorded since the previous call
-    (``take_otel``) belongs to the step of the call that takes it.
+    ``flush``/``finish`` (``final``). What OTel instruments (``take_otel``) and the run's timers
+    (``take_timings``) recorded since the previous call belongs to the step of the call that
+    takes it.
 
     ``stats`` is the Logger's public ``stats`` dict: ``steps`` (rows sealed) and
     ``backwards_steps`` are counted in it. ``on_seal`` callables get each sealed step number (the
@@ -44,7 +45,7 @@ class StepAssembler:
         *,
         send: Callable[[Record], Any],
         take_otel: Callable[[], Sequence[Any]],
-        timer_keys: Mapping[str, str],
+        take_timings: Callable[[], list[tuple[str, float]]],
         report: Callable[[object, str], None],
         stats: dict[str, Any],
         step_spans: Any = None,
@@ -66,12 +67,13 @@ class StepAssembler:
         self.resume_attempt: int | None = None
         self._send = send
         self._take_otel = take_otel
-        self._timer_keys = timer_keys
+        self._take_timings = take_timings
         self._report = report
         self._stats = stats
         self._spans = step_spans
         self._values: dict[str, Any] = {}
         self._otel: list[Any] = []
+        self._timings: list[tuple[str, float]] = []
         self._step: int | None = None
         self._step_metrics: dict[str, str] = {}
         self._last: int | None = None
@@ -108,6 +110,7 @@ class StepAssembler:
             else:  # the call's own dict (Intake's), nobody else's: taken, not copied
                 self._values = values
             self._otel.extend(self._take_otel())
+            self._timings += self._take_timings()
             if self._spans is not None:
                 self._spans.take(resolved)
             if step_metric is not None:
@@ -159,10 +162,11 @@ class StepAssembler:
     def _seal(self, final: bool = False) -> None:
         if final:
             self._otel.extend(self._take_otel())
+            self._timings += self._take_timings()
         step = self._step
         logged = step is not None  # a step the caller named, not one only timers recorded
         if step is None:
-            if not self._otel:
+            if not self._otel and not self._timings:
                 return
             step = 0 if self._last is None else self._last + 1
         if self._spans is not None:
@@ -188,11 +192,12 @@ class StepAssembler:
             values=self._values,
             otel=tuple(self._otel),
             step_metrics=dict(self._step_metrics),
-            timer_keys=self._timer_keys,
+            timings=self._timings,
             seal=self._stats["steps"],
         )
         self._values = {}
         self._otel = []
+        self._timings = []
         self._step = None
         self._last = step if self._last is None else max(step, self._last)
         self._stats["steps"] += 1
@@ -221,7 +226,7 @@ class StepAssembler:
         with self._lock:
             if self._step is None or self.closed:
                 return None
-            state = (self._step, len(self._otel), self._values)
+            state = (self._step, len(self._otel) + len(self._timings), self._values)
             if self._checkpointed == state:
                 return None
             values = dict(self._values)
@@ -231,7 +236,7 @@ class StepAssembler:
                 values=values,
                 otel=tuple(self._otel),
                 step_metrics=dict(self._step_metrics),
-                timer_keys=self._timer_keys,
+                timings=tuple(self._timings),
                 seal=self._stats["steps"],
                 provisional=True,
             )

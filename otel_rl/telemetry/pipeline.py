@@ -2,11 +2,13 @@
 
 Two providers share one resource:
 
-- ``provider`` holds timers and every instrument that code creates through OTel's API. Its
+- ``provider`` holds every instrument that code creates through OTel's API. Its
   :class:`StepReader` is collected at each ``log_metrics`` call on the caller's thread, so what
   those instruments record is attributed to the step it happened in.
 - ``side_provider`` holds one observable gauge per logged key (whose callback reads the latest
-  value) plus otel-rl's own telemetry and GPU data. It is read only by the operator outputs
+  value), the timers' histograms (fed from the timers' records when an output collects:
+  ``telemetry/timing.TimingInstruments``), otel-rl's own telemetry and GPU data. It is read
+  only by the operator outputs
   (Prometheus, OTLP) on their own threads, never at a step boundary: collecting 100 gauges
   costs ~1 ms, which the training thread must not pay every step.
 """
@@ -166,8 +168,8 @@ class Pipeline:
             side_readers.append(side_reader)
             _log.info("otel-rl: pushing OTLP metrics to %s", self.otlp_endpoint)
 
-        def provider(readers: list[MetricReader]) -> MeterProvider:
-            return MeterProvider(
+        def provider(readers: list[MetricReader]) -> _MeterProvider:
+            return _MeterProvider(
                 metric_readers=readers,
                 resource=resource,
                 exemplar_filter=AlwaysOffExemplarFilter(),
@@ -182,6 +184,13 @@ class Pipeline:
             from otel_rl.telemetry.self_telemetry import install_otlp_telemetry
 
             install_otlp_telemetry(self.side_provider.get_meter(OWN_SCOPE), otlp.failures)
+
+    def take_step_data(self) -> list[Any]:
+        """What the main provider's instruments recorded since the last call (the step
+        reader's collection), or nothing at once while no meter was ever asked of it."""
+        if not self.provider.meters_asked:
+            return []
+        return self.step_reader.take()
 
     def _add_prometheus(
         self,
@@ -206,9 +215,10 @@ class Pipeline:
             server.server_close()
 
         self._closers.append(close_server)
-        main_readers.append(PrometheusMetricReader(registry=registry))
-        # One target_info per endpoint: the second reader must not render it again.
-        side_readers.append(PrometheusMetricReader(registry=registry, disable_target_info=True))
+        # One target_info per endpoint, from the side provider, which always has data (otel-rl's
+        # own health): the main one has none until a library meter or a timer records.
+        main_readers.append(PrometheusMetricReader(registry=registry, disable_target_info=True))
+        side_readers.append(PrometheusMetricReader(registry=registry))
         self.prometheus_url = f"http://{host}:{bound}/metrics"
         self.prometheus_registry = registry
         _log.info("otel-rl: Prometheus metrics at %s", self.prometheus_url)
@@ -240,6 +250,16 @@ class Pipeline:
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._close_outputs()
+
+
+class _MeterProvider(MeterProvider):
+    """A ``MeterProvider`` that knows whether a meter was ever asked of it."""
+
+    meters_asked = False
+
+    def get_meter(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self.meters_asked = True
+        return super().get_meter(name, *args, **kwargs)
 
 
 def _listen_problem(host: str, port: int, exc: OSError) -> str:

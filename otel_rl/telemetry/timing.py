@@ -1,4 +1,4 @@
-"""Timers that record durations (seconds) into an OTel histogram, and the spans of timers.
+"""Timers: one record of each use on the phase clock and in its factory, and the spans of timers.
 
 :class:`Timer` is what ``Logger.timer`` and ``WorkerMetrics.timer`` hand out. :class:`TimerSpan`
 and :func:`ambient_tracer` give timers that belong to no Logger — the NeMo RL and verl drop-ins'
@@ -8,11 +8,12 @@ and :func:`ambient_tracer` give timers that belong to no Logger — the NeMo RL 
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,25 +31,41 @@ TIMING_BUCKETS = (
 # path (the names of the open timers joined by "/", outermost first): at each start and stop the
 # interval since the previous one is charged to the path that was innermost then ("" when no timer
 # was open). Stacks and totals are changed only by their own thread; other threads copy them. A
-# stack entry is ``(name, monotonic start, owner, path)``, the owner a weak reference to the object
-# that will stop the timer (``None``: a block that always ends).
+# stack entry is ``(name, monotonic start, owner, path, seq, epoch)``, the owner a weak reference
+# to the object that will stop the timer (``None``: a block that always ends), ``seq`` the use's
+# number in the process and ``epoch`` the clock's epoch when it opened (see
+# :meth:`PhaseClock.record_spans`).
 
 #: Completed uses of a path whose durations :func:`phase_history` keeps.
 HISTORY = 20
 #: Names in a timer path at most: a timer opened deeper is counted in the deepest path.
 MAX_DEPTH = 8
+#: Closed uses a clock keeps for spans, and a timer factory for its rows, until they are taken
+#: (at each ``log_metrics`` call; the oldest go beyond it, said once).
+SPAN_RECORDS = 100_000
+
+#: A closed use of a timer (:meth:`PhaseClock.record_spans`).
+ClosedTimer = tuple[str, float, float, int, str, int, int, int]
+
+
+_now = time.monotonic
+_thread = threading.get_ident
 
 
 class _ThreadPhases:
-    __slots__ = ("events", "since", "stack", "top", "totals")
+    __slots__ = ("events", "ident", "name", "owned", "since", "stack", "top", "totals")
 
     def __init__(self, now: float) -> None:
-        self.stack: list[tuple[str, float, Any, str]] = []
+        self.ident = _thread()
+        self.name = threading.current_thread().name
+        self.stack: list[tuple[str, float, Any, str, int, int]] = []
         self.totals: dict[str, float] = {}
         self.since = now
         self.top = ""
         #: Starts and stops so far: equal counts mean equal ``totals``.
         self.events = 0
+        #: Entries of ``stack`` with an owner (only those can be orphans).
+        self.owned = 0
 
     def charge(self, now: float) -> None:
         totals, top = self.totals, self.top
@@ -61,22 +78,52 @@ class PhaseClock:
     """Where the time of each thread went, by timer path (exclusive seconds), and the timers open
     now. The process has one (:data:`PROCESS_CLOCK`, fed by every timer); a ``WorkerMetrics`` has
     its own, fed by its timers only, so that a worker run inside the driver's process counts only
-    its own time."""
+    its own time. Its open and close are a timer's one record on the caller's thread: a clock
+    read and a list append each."""
 
     def __init__(self, history: bool = False) -> None:
         self._threads: dict[int, _ThreadPhases] = {}
         self._history: dict[str, deque[float]] | None = {} if history else None
+        self._seq = itertools.count(1)
+        self._epoch = 0
+        #: Closed uses, for spans: ``(name, start, end, thread id, thread name, seq, parent seq
+        #: or 0, epoch of the outermost timer open around it)``; ``None`` until
+        #: :meth:`record_spans`.
+        self._closed: deque[ClosedTimer] | None = None
+        self._span_readers = 0
+
+    def record_spans(self) -> deque[ClosedTimer]:
+        """From now on every use that closes is appended to the deque returned (its reader takes
+        from its left), until every caller has called :meth:`stop_spans`."""
+        self._span_readers += 1
+        if self._closed is None:
+            self._closed = deque(maxlen=SPAN_RECORDS)
+        return self._closed
+
+    def stop_spans(self) -> None:
+        self._span_readers -= 1
+        if self._span_readers <= 0:
+            self._span_readers, self._closed = 0, None
+
+    def next_epoch(self) -> int:
+        """End the current epoch (a step's timers, up to a ``log_metrics`` call) and return it:
+        timers opened from now on, and those they enclose, carry the next one."""
+        ended = self._epoch
+        self._epoch = ended + 1
+        return ended
 
     def open(self, name: str, owner: Any = None) -> None:
-        now = time.monotonic()
-        ident = threading.get_ident()
+        now = _now()
+        ident = _thread()
         state = self._threads.get(ident)
         if state is None:
             state = self._threads[ident] = _ThreadPhases(now)
-        elif state.stack:
+        elif state.owned:
             _drop_orphans(state, now)
-        state.charge(now)
-        top = state.top
+        totals, top = state.totals, state.top  # the interval so far is the innermost path's
+        totals[top] = totals.get(top, 0.0) + (now - state.since)
+        state.since = now
+        state.events += 1
         if not top:
             path = name
         elif top == name or top.endswith("/" + name) or top.count("/") >= MAX_DEPTH - 1:
@@ -86,33 +133,50 @@ class PhaseClock:
         else:
             path = f"{top}/{name}"
         state.top = path
-        state.stack.append((name, now, None if owner is None else weakref.ref(owner), path))
+        if owner is not None:
+            state.owned += 1
+            owner = weakref.ref(owner)
+        state.stack.append((name, now, owner, path, next(self._seq), self._epoch))
 
-    def close(self, name: str) -> None:
+    def close(self, name: str) -> float | None:
         """The timer ``name`` stopped: usually this thread's innermost one; stopped out of order,
-        the latest of that name; stopped on another thread, the latest of that name anywhere."""
-        now = time.monotonic()
-        state = self._threads.get(threading.get_ident())
+        the latest of that name; stopped on another thread, the latest of that name anywhere.
+        Returns its seconds, or ``None`` when no such timer is open."""
+        now = _now()
+        state = self._threads.get(_thread())
         if state is not None and state.stack and state.stack[-1][0] == name:
-            self._stopped(state, len(state.stack) - 1, now)
-            return
+            return self._stopped(state, -1, now)
         for candidate in ([state] if state is not None else []) + list(self._threads.values()):
             stack = candidate.stack
             for index in range(len(stack) - 1, -1, -1):
                 if stack[index][0] == name:
-                    self._stopped(candidate, index, now)
-                    return
+                    return self._stopped(candidate, index, now)
+        return None
 
-    def _stopped(self, state: _ThreadPhases, index: int, now: float) -> None:
-        state.charge(now)
-        _, start, _, path = state.stack.pop(index)
-        state.top = state.stack[-1][3] if state.stack else ""
+    def _stopped(self, state: _ThreadPhases, index: int, now: float) -> float:
+        totals, top = state.totals, state.top
+        totals[top] = totals.get(top, 0.0) + (now - state.since)
+        state.since = now
+        state.events += 1
+        stack = state.stack
+        if index < 0:
+            index += len(stack)
+        name, start, owner, path, seq, epoch = stack.pop(index)
+        if owner is not None:
+            state.owned -= 1
+        state.top = stack[-1][3] if stack else ""
+        closed = self._closed
+        if closed is not None:
+            parent = stack[index - 1][4] if index else 0
+            outer = stack[0][5] if index else epoch
+            closed.append((name, start, now, state.ident, state.name, seq, parent, outer))
         history = self._history
         if history is not None:
             recent = history.get(path)
             if recent is None:
                 recent = history.setdefault(path, deque(maxlen=HISTORY))
             recent.append(now - start)
+        return now - start
 
     def open_stacks(self) -> dict[int, list[tuple[str, float, str]]]:
         """``{thread ident: [(name, monotonic start, path), ...]}`` of the live threads with
@@ -123,7 +187,7 @@ class PhaseClock:
         return {
             ident: held
             for ident, state in list(self._threads.items())
-            if (held := [(n, at, path) for n, at, owner, path in list(state.stack)
+            if (held := [(n, at, path) for n, at, owner, path, _, _ in list(state.stack)
                          if owner is None or owner()])
         }  # fmt: skip
 
@@ -137,7 +201,7 @@ class PhaseClock:
         state = self._threads.get(ident)
         if state is None:
             return None
-        if state.stack and ident == threading.get_ident():
+        if state.owned and ident == threading.get_ident():
             _drop_orphans(state, time.monotonic())
         return state.events, state.totals, state.top, state.since
 
@@ -171,10 +235,11 @@ def _drop_orphans(state: _ThreadPhases, now: float) -> None:
     """Forget the open timers whose owner is gone: they can never stop, and must not be charged
     the thread's time from now on."""
     stack = state.stack
-    if all(owner is None or owner() is not None for _, _, owner, _ in stack):
+    if all(entry[2] is None or entry[2]() is not None for entry in stack):
         return
     state.charge(now)
     stack[:] = [entry for entry in stack if entry[2] is None or entry[2]() is not None]
+    state.owned = sum(1 for entry in stack if entry[2] is not None)
     state.top = stack[-1][3] if stack else ""
 
 
@@ -217,84 +282,71 @@ def phase_history(path: str) -> tuple[float, ...]:
 
 
 class Timer:
-    """Context manager and decorator; each exit records the elapsed seconds.
+    """Context manager and decorator; each exit appends ``(key, elapsed seconds)`` to ``done``.
 
-    ``record`` is the histogram's ``record``. Nested and concurrent uses of one Timer object
-    each measure their own interval. With a ``tracer`` each use is also an OTel span named
-    ``span_name``, a child of whatever span is current (so nested timers nest), whose duration
-    is exactly the recorded value; without one the only extra cost is a ``None`` check. Every
-    use feeds the process's :data:`PROCESS_CLOCK`, and ``clock`` too when given (a worker's own).
+    The phase clock's open and close and that append are all a use costs the caller's thread:
+    the rows, the OpenTelemetry histogram and the anatomy are derived from them later
+    (:class:`TimerFactory`). Untraced, a Timer holds no state of its own, so one object serves
+    nested and concurrent uses. With a ``tracer`` each use is also an OTel span named ``name``, a
+    child of whatever span is current (so nested timers nest), whose duration is exactly the
+    recorded value. Every use feeds the process's :data:`PROCESS_CLOCK`, and ``clock`` too when
+    given (a worker's own, whose reading is then the value).
     """
 
-    __slots__ = (
-        "__weakref__", "_attributes", "_clock", "_name", "_record", "_span_name", "_spans",
-        "_starts", "_tracer",
-    )  # fmt: skip
+    __slots__ = ("__weakref__", "_attributes", "_clock", "_done", "_key", "_name", "_spans",
+                 "_tracer")  # fmt: skip
 
     def __init__(
         self,
-        record: Callable[[float], None],
+        done: Callable[[tuple[str, float]], None],
+        key: str,
+        name: str,
         tracer: Any = None,
-        span_name: str = "",
         attributes: Mapping[str, Any] | None = None,
-        name: str = "",
         clock: PhaseClock | None = None,
     ) -> None:
-        self._name = name or span_name or "timer"
+        self._done = done
+        self._key = key
+        self._name = name
         self._clock = clock
-        self._record = record
-        self._starts: list[float] = []
         self._tracer = tracer
-        self._span_name = span_name
         self._attributes = attributes
         self._spans: list[Any] | None = [] if tracer is not None else None
 
     def __enter__(self) -> Timer:
         if self._spans is not None:
             scope = self._tracer.start_as_current_span(
-                self._span_name, attributes=self._attributes, end_on_exit=False
+                self._name, attributes=self._attributes, end_on_exit=False
             )
             self._spans.append((scope, scope.__enter__()))
-        timer_opened(self._name, self)
+        PROCESS_CLOCK.open(self._name)
         if self._clock is not None:
-            self._clock.open(self._name, self)
-        self._starts.append(time.perf_counter())
+            self._clock.open(self._name)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        elapsed = time.perf_counter() - self._starts.pop()
-        timer_closed(self._name)
+        elapsed = PROCESS_CLOCK.close(self._name)
         if self._clock is not None:
-            self._clock.close(self._name)
-        self._record(elapsed)
+            elapsed = self._clock.close(self._name)
+        if elapsed is not None:
+            self._done((self._key, elapsed))
         if self._spans is not None:
             scope, span = self._spans.pop()
             _end_span(scope, span, elapsed, exc)
 
     def __call__(self, fn: F) -> F:
-        record, label, clock = self._record, self._name, self._clock
-        opened, closed = _clock_hooks(clock)
+        done, key, label = self._done, self._key, self._name
+        opened, closed = _clock_hooks(self._clock)
+        tracer, attributes = self._tracer, self._attributes
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            scope = span = None
+            if tracer is not None:
+                scope = tracer.start_as_current_span(label, attributes=attributes,
+                                                     end_on_exit=False)  # fmt: skip
+                span = scope.__enter__()
             opened(label)
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                record(time.perf_counter() - start)
-                closed(label)
-
-        if self._tracer is None:
-            return timed  # type: ignore[return-value]
-        tracer, name, attributes = self._tracer, self._span_name, self._attributes
-
-        @functools.wraps(fn)
-        def traced(*args: Any, **kwargs: Any) -> Any:
-            scope = tracer.start_as_current_span(name, attributes=attributes, end_on_exit=False)
-            span = scope.__enter__()
-            opened(label)
-            start = time.perf_counter()
             exc: tuple[Any, Any, Any] = (None, None, None)
             try:
                 return fn(*args, **kwargs)
@@ -302,81 +354,177 @@ class Timer:
                 exc = (type(error), error, error.__traceback__)
                 raise
             finally:
-                elapsed = time.perf_counter() - start
-                record(elapsed)
-                closed(label)
-                _end_span(scope, span, elapsed, exc)
+                elapsed = closed(label)
+                if elapsed is not None:
+                    done((key, elapsed))
+                if scope is not None:
+                    _end_span(scope, span, elapsed, exc)
 
-        return traced  # type: ignore[return-value]
+        return timed  # type: ignore[return-value]
 
 
 def _clock_hooks(
     clock: PhaseClock | None,
-) -> tuple[Callable[[str], None], Callable[[str], None]]:
-    """What a decorated function calls at its start and stop: the process clock's hooks, and
-    ``clock``'s too when given."""
+) -> tuple[Callable[[str], None], Callable[[str], float | None]]:
+    """What a decorated function calls at its start and stop: the process clock's, and
+    ``clock``'s too when given (whose reading is then the value)."""
     if clock is None:
-        return timer_opened, timer_closed
+        return PROCESS_CLOCK.open, PROCESS_CLOCK.close
 
     def opened(name: str) -> None:
-        timer_opened(name)
+        PROCESS_CLOCK.open(name)
         clock.open(name)
 
-    def closed(name: str) -> None:
-        timer_closed(name)
-        clock.close(name)
+    def closed(name: str) -> float | None:
+        PROCESS_CLOCK.close(name)
+        return clock.close(name)
 
     return opened, closed
 
 
-def _end_span(scope: Any, span: Any, elapsed: float, exc: tuple[Any, ...]) -> None:
+def _end_span(scope: Any, span: Any, elapsed: float | None, exc: tuple[Any, ...]) -> None:
     """Leave the span's scope (recording an exception) and end it ``elapsed`` seconds after its
     start: the span's duration is the timer's value, to the nanosecond."""
     try:
         scope.__exit__(*exc)
     finally:
         start = getattr(span, "start_time", None)
-        span.end(end_time=None if start is None else start + round(elapsed * 1e9))
+        ended = None if start is None or elapsed is None else start + round(elapsed * 1e9)
+        span.end(end_time=ended)
 
 
 class TimerFactory:
-    """Hands out :class:`Timer` objects for ``timing/<name>``, one histogram per name.
+    """Hands out :class:`Timer` objects for ``timing/<name>`` and keeps what they timed.
 
-    The histogram is created on ``meter`` the first time a name is used; its key is claimed in
-    ``keys`` so a timer cannot collide with a logged metric (``KeyCollisionError``).
+    A timer's key is claimed in ``keys`` the first time its name is used, so that a timer
+    cannot collide with a logged metric (``KeyCollisionError``). Every use of every timer is
+    appended to one deque (thread-safe, no lock): :meth:`take` hands its content over, once per
+    ``log_metrics`` call or snapshot, and gives it to ``instruments`` too (the histograms that
+    Prometheus and OTLP read).
     """
 
     def __init__(
         self,
-        meter: Any,
         keys: Any,
         tracer: Any = None,
         span_attributes: Mapping[str, Any] | None = None,
         clock: PhaseClock | None = None,
+        instruments: TimingInstruments | None = None,
     ) -> None:
         self._clock = clock
-        self._meter = meter
         self._keys = keys
         self._tracer = tracer
         self._span_attributes = span_attributes
-        self._records: dict[str, Callable[[float], None]] = {}
+        self._instruments = instruments
+        self._done: deque[tuple[str, float]] = deque(maxlen=SPAN_RECORDS)
+        self._known: dict[str, Timer] = {}
+        self._overflowed = False
 
     def timer(self, name: str) -> Timer:
-        record = self._records.get(name)
-        if record is None:
+        known = self._known.get(name)
+        if known is not None and self._tracer is None:
+            return known  # untraced, a Timer has no state: one per name
+        if known is None:
             from otel_rl.core.catalogue import TIMING
 
             key, description = TIMING.member(name)
-            histogram = TIMING.create(
-                self._meter,
-                name=self._keys.claim(key, "timer"),
-                description=description,
-                explicit_bucket_boundaries_advisory=TIMING_BUCKETS,
-            )
-            record = self._records[name] = histogram.record
-        if self._tracer is None:
-            return Timer(record, name=name, clock=self._clock)
-        return Timer(record, self._tracer, name, self._span_attributes, clock=self._clock)
+            instrument = self._keys.claim(key, "timer")
+            if self._instruments is not None:
+                self._instruments.add(key, instrument, description)
+        else:
+            key = known._key
+        timer = Timer(self._done.append, key, name, self._tracer, self._span_attributes,
+                      self._clock)  # fmt: skip
+        self._known[name] = timer
+        return timer
+
+    def take(self) -> list[tuple[str, float]]:
+        """``(key, seconds)`` of every use that ended since the previous ``take``."""
+        done = self._done
+        if not done:
+            return []
+        if len(done) == done.maxlen and not self._overflowed:
+            self._overflowed = True
+            from otel_rl.process.fork_safe_log import log
+
+            log.warning(
+                "otel-rl: timers were used %d times or more between two log_metrics calls: "
+                "only the newest %d of such a stretch are in the timing/* rows and histograms",
+                SPAN_RECORDS, SPAN_RECORDS,
+            )  # fmt: skip
+        taken = [done.popleft() for _ in range(len(done))]
+        if self._instruments is not None:
+            self._instruments.put(taken)
+        return taken
+
+
+def timing_totals(timings: Iterable[tuple[str, float]]) -> dict[str, tuple[float, int]]:
+    """``{key: (seconds, uses)}`` of ``timings``."""
+    totals: dict[str, tuple[float, int]] = {}
+    for key, seconds in timings:
+        total, count = totals.get(key, (0.0, 0))
+        totals[key] = (total + seconds, count + 1)
+    return totals
+
+
+class TimingInstruments:
+    """The ``timing/<name>`` histograms of a run, for the operator outputs (Prometheus, OTLP).
+
+    The timings wait in a bounded deque and are recorded into their histograms when an
+    operator output collects, on its own thread: the callback of the observable counter of the
+    timings dropped records them before the SDK reads the histograms, so the caller's thread never
+    pays for an SDK ``record``, and each histogram keeps one aggregation per series. A reader
+    that is never read (a ``/metrics`` nobody scrapes) keeps the latest :data:`PENDING` timings;
+    older ones are dropped, counted (``otel_rl.timings.dropped``) and said once.
+    """
+
+    #: Timings kept between two collections.
+    PENDING = 200_000
+
+    def __init__(self, meter: Any) -> None:
+        self._meter = meter
+        self._records: dict[str, Callable[[float], None]] = {}
+        self._pending: deque[tuple[str, float]] = deque(maxlen=self.PENDING)
+        self.dropped = 0
+        self._lock = threading.Lock()
+        from otel_rl.core.catalogue import TIMINGS_DROPPED
+
+        TIMINGS_DROPPED.create(meter, [self._drain])
+
+    def add(self, key: str, instrument: str, description: str) -> None:
+        from otel_rl.core.catalogue import TIMING
+
+        histogram = TIMING.create(self._meter, name=instrument, description=description,
+                                  explicit_bucket_boundaries_advisory=TIMING_BUCKETS)  # fmt: skip
+        self._records[key] = histogram.record
+
+    def put(self, timings: list[tuple[str, float]]) -> None:
+        """Timings for the histograms (the step's, on the caller's thread: a deque extend)."""
+        pending = self._pending
+        over = len(pending) + len(timings) - self.PENDING
+        if over > 0:
+            self.dropped += over
+            if self.dropped == over:
+                from otel_rl.process.fork_safe_log import log
+
+                log.warning(
+                    "otel-rl: %d timings waited for Prometheus/OTLP to collect them; the oldest "
+                    "are dropped from their histograms from now on (the trackers' timing/* rows "
+                    "keep every one): scrape /metrics, or lower otlp.interval", self.PENDING,
+                )  # fmt: skip
+        pending.extend(timings)
+
+    def _drain(self, options: Any) -> list[Any]:
+        """The callback of ``otel_rl.timings.dropped``: the waiting timings are recorded into
+        their histograms first, and the output reads them in the same collection."""
+        from opentelemetry.metrics import Observation
+
+        pending, records = self._pending, self._records
+        with self._lock:  # two outputs collecting at once: each timing is recorded once
+            for _ in range(len(pending)):
+                key, seconds = pending.popleft()
+                records[key](seconds)
+        return [Observation(self.dropped)]
 
 
 # ---- spans of timers that belong to no Logger (the NeMo RL and verl drop-ins' timers) ----------

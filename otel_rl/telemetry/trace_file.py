@@ -27,15 +27,16 @@ import json
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from otel_rl.process.fork_safe_log import log as _log
+from otel_rl.telemetry.span_transfer import OPEN
 
 MB = 1 << 20
 #: Workers' snapshots of spans waiting to be written (each a list of a worker's spans).
-MAX_CARRIED = 1_000
+MAX_CARRIED = 10_000
 
 #: The file under ``log_dir``, and the one it becomes when it is full.
 FILE_NAME = "traces.jsonl"
@@ -96,6 +97,51 @@ def otlp_json_line(spans: Sequence[Any]) -> str:
     return json.dumps(_hex_ids(message), separators=(",", ":"))
 
 
+def plain_json_line(spans: Sequence[Any]) -> str:
+    """One OTLP JSON line (no newline) for plain spans
+    (:data:`~otel_rl.telemetry.span_transfer.PlainSpan`: a worker's, a step's from the phase
+    clock), as :func:`otlp_json_line` writes SDK spans, without building them: a tenth of the
+    time. Raises ``ValueError`` or ``TypeError`` for a span that is not one (an id out of range,
+    a field missing)."""
+    resources: dict[int, tuple[Any, dict[str, list[dict[str, Any]]]]] = {}
+    for name, trace_id, span_id, parent_id, start, end, attributes, resource, scope in spans:
+        if not (0 < trace_id < 1 << 128 and 0 < span_id < 1 << 64 and 0 <= parent_id < 1 << 64):
+            raise ValueError(f"span {name!r}: an id out of range")
+        span: dict[str, Any] = {
+            "traceId": f"{trace_id:032x}", "spanId": f"{span_id:016x}", "name": str(name),
+            "kind": 1, "startTimeUnixNano": str(int(start)), "endTimeUnixNano": str(int(end)),
+            "attributes": _key_values(attributes), "status": {}, "flags": 768 if parent_id else 256,
+        }  # fmt: skip
+        if parent_id:
+            span["parentSpanId"] = f"{parent_id:016x}"
+        held = resources.setdefault(id(resource), (resource, {}))
+        held[1].setdefault(str(scope), []).append(span)
+    request = {"resourceSpans": [
+        {"resource": {"attributes": _key_values(resource)},
+         "scopeSpans": [{"scope": {"name": scope}, "spans": items}
+                        for scope, items in scopes.items()]}
+        for resource, scopes in resources.values()
+    ]}  # fmt: skip
+    return json.dumps(request, separators=(",", ":"))
+
+
+def _key_values(attributes: Any) -> list[dict[str, Any]]:
+    return [{"key": str(key), "value": _any_value(value)} for key, value in attributes.items()]
+
+
+def _any_value(value: Any) -> dict[str, Any]:
+    """OTLP JSON's ``AnyValue`` (int64 as a string, as protobuf's JSON mapping has it)."""
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, (list, tuple)):
+        return {"arrayValue": {"values": [_any_value(item) for item in value]}}
+    return {"stringValue": str(value)}
+
+
 def _hex_ids(node: Any) -> Any:
     if isinstance(node, dict):
         return {
@@ -135,15 +181,19 @@ class TraceFile:
         self._failing = False
         self._closed = False
         # Workers' spans (plain tuples from their snapshots), written on a thread of this file.
-        self._carried: deque[list[Any]] = deque()
+        self._carried: deque[list[Any] | Callable[[], list[Any]]] = deque()
         self._carry_lock = threading.Lock()
+        self._writing = threading.Lock()  # one writer of carried spans at a time
+        # Carried spans still running at their snapshot, by span id, until they come whole.
+        self._running: dict[int, Any] = {}
         self._wake = threading.Event()
         self._carrier: threading.Thread | None = None
 
-    def carry(self, plain: list[Any], dropped: int = 0) -> None:
-        """Write a worker's spans (:data:`~otel_rl.telemetry.span_transfer.PlainSpan`) on this
-        file's own thread: the caller (``log_worker_metrics``) only queues them. At most
-        :data:`MAX_CARRIED` snapshots wait; beyond that the oldest are lost (and counted, with
+    def carry(self, plain: list[Any] | Callable[[], list[Any]], dropped: int = 0) -> None:
+        """Write spans (:data:`~otel_rl.telemetry.span_transfer.PlainSpan`: a worker's, or a
+        function that makes them, as a step's spans from the phase clock) on this file's own
+        thread: the caller (``log_worker_metrics``, a step's seal) only queues them. At most
+        :data:`MAX_CARRIED` batches wait; beyond that the oldest are lost (and counted, with
         the ``dropped`` spans a worker had no room for)."""
         if os.getpid() != self._pid or self._closed:
             return
@@ -152,7 +202,8 @@ class TraceFile:
             if not plain:
                 return
             if len(self._carried) >= MAX_CARRIED:
-                self._not_carried += len(self._carried.popleft())
+                lost = self._carried.popleft()
+                self._not_carried += len(lost) if isinstance(lost, list) else 1
             self._carried.append(plain)
             if self._carrier is None:
                 self._carrier = threading.Thread(
@@ -166,30 +217,63 @@ class TraceFile:
             self._wake.wait()
             self._wake.clear()
             try:
-                self._write_carried()
+                self.write_carried()
             except Exception as exc:  # never end the thread: the next snapshots still come
                 _log.warning("otel-rl: workers' spans not written to %s: %r", self.path, exc)
 
-    def _write_carried(self) -> None:
-        from otel_rl.telemetry.span_transfer import readable_spans
+    def write_carried(self, final: bool = False) -> None:
+        """Write the carried spans. One still running at its snapshot waits for the snapshot
+        that has it whole; ``final`` (the run's end) writes those that never came as they
+        stood (:data:`~otel_rl.telemetry.span_transfer.OPEN`)."""
+        with self._writing:
+            while True:
+                with self._carry_lock:
+                    batches = list(self._carried)
+                    self._carried.clear()
+                if not batches:
+                    break
+                spans: list[Any] = []
+                for batch in batches:
+                    for span in batch if isinstance(batch, list) else batch():
+                        span_id, attributes = _fields(span)
+                        self._running.pop(span_id, None)
+                        if isinstance(attributes, dict) and attributes.get(OPEN):
+                            self._running[span_id] = span
+                        else:
+                            spans.append(span)
+                while len(self._running) > MAX_CARRIED:
+                    spans.append(self._running.pop(next(iter(self._running))))
+                self._export(spans, plain_json_line)
+            if final:
+                self._export(list(self._running.values()), plain_json_line)
+                self._running.clear()
 
-        while True:
-            with self._carry_lock:
-                if not self._carried:
-                    return
-                batch = self._carried.popleft()
-            self.export(readable_spans(batch))
+    def _take_process_spans(self) -> None:
+        """Carry the spans the Ray hook keeps in this process (in a driver: Ray's own)."""
+        from otel_rl.telemetry.tracing import hook_spans
+
+        kept = hook_spans()
+        if kept is not None and os.getpid() == self._pid:  # a fork child's are not this file's
+            self.carry(*kept.take())
 
     def export(self, spans: Sequence[Any]) -> Any:
+        """Write SDK spans (the span processor's)."""
         from opentelemetry.sdk.trace.export import SpanExportResult
 
+        ok = self._export(spans, otlp_json_line)
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def _export(self, spans: Sequence[Any], encode: Callable[[Sequence[Any]], str]) -> bool:
+        """Write spans, SDK or plain (``encode``: their encoder). Plain spans need no import of
+        the tracing SDK, which must not happen at interpreter exit: an import there makes an
+        uncaught ^C exit with 1 instead of by SIGINT."""
+        self._take_process_spans()
         if os.getpid() != self._pid or not spans:
-            return SpanExportResult.SUCCESS
+            return True
         with self._lock:
             if self._closed:
-                return SpanExportResult.FAILURE
-            ok = all(self._write(part) for part in self._lines(list(spans)))
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+                return False
+            return all(self._write(part) for part in self._lines(list(spans), encode))
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True  # each line is written (to the OS) when it is exported
@@ -197,14 +281,15 @@ class TraceFile:
     def shutdown(self) -> None:
         if os.getpid() == self._pid:
             with contextlib.suppress(Exception):  # a malformed snapshot costs only itself
-                self._write_carried()  # what workers sent before the end is on disk
+                self._take_process_spans()
+                self.write_carried(final=True)  # what workers sent before the end is on disk
             missing = self.lost + self._not_carried
             if missing:
                 _log.warning(
                     "otel-rl: %d span(s) are not in %s (%d written): a full disk or a file that "
                     "could not be written, a span larger than half of tracing.file_max_mb or one "
                     "that could not be encoded, or more spans than a worker keeps between two "
-                    "snapshots (2,000) or the driver queues (1,000 snapshots)",
+                    "snapshots (2,000) or the driver queues (10,000 batches)",
                     missing, self.path, self.written,
                 )  # fmt: skip
         with self._lock:
@@ -217,29 +302,31 @@ class TraceFile:
             self._file = None
         self._wake.set()  # the carrier thread ends
 
-    def _lines(self, spans: list[Any]) -> Iterator[tuple[str, int]]:
+    def _lines(
+        self, spans: list[Any], encode: Callable[[Sequence[Any]], str]
+    ) -> Iterator[tuple[str, int]]:
         """(line, spans in it): halves a batch whose line exceeds the file's share, or that
         cannot be encoded (a span with an id out of range), down to the span at fault."""
         try:
-            line: str | None = otlp_json_line(spans) + "\n"
+            line: str | None = encode(spans) + "\n"
         except Exception as exc:
             line, problem = None, exc
         if line is not None and len(line) <= self.max_bytes // 2:
             yield line, len(spans)
         elif len(spans) > 1:
             middle = len(spans) // 2
-            yield from self._lines(spans[:middle])
-            yield from self._lines(spans[middle:])
+            yield from self._lines(spans[:middle], encode)
+            yield from self._lines(spans[middle:], encode)
         elif line is None:
             self.lost += 1
             _log.warning("otel-rl: span %r not written to %s: %r",
-                         getattr(spans[0], "name", "?"), self.path, problem)  # fmt: skip
+                         _name(spans[0]), self.path, problem)  # fmt: skip
         else:
             self.lost += 1
             _log.warning(
                 "otel-rl: a span of %d bytes (%s) is larger than half of tracing.file_max_mb: "
                 "not written to %s; raise tracing.file_max_mb to keep such spans",
-                len(line), getattr(spans[0], "name", "?"), self.path,
+                len(line), _name(spans[0]), self.path,
             )  # fmt: skip
 
     def _write(self, item: tuple[str, int]) -> bool:
@@ -310,3 +397,19 @@ class TraceFile:
             "that fails are lost, and each next batch is tried",
             self.path, exc, " (the disk is full)" if full else "",
         )  # fmt: skip
+
+
+def _fields(span: Any) -> tuple[Any, Any]:
+    """A plain span's id and attributes (``(None, None)`` for a malformed entry, which its
+    encoding then refuses)."""
+    try:
+        return span[2], span[6]
+    except (TypeError, IndexError, KeyError):
+        return None, None
+
+
+def _name(span: Any) -> str:
+    """A span's name, SDK or plain, for a message."""
+    if isinstance(span, tuple) and span:
+        return str(span[0])
+    return str(getattr(span, "name", "?"))

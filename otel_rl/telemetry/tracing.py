@@ -42,9 +42,10 @@ TRACE_FILE_QUEUE = 32_768
 
 # Set once per process by ``otel_rl.ray.tracing.setup`` (the Ray tracing hook): the span processor
 # that exports to the collector named by ``OTEL_EXPORTER_OTLP_*`` (``None`` when
-# ``OTEL_TRACES_EXPORTER=none``) and the resource naming this process (service, node, pid).
+# ``OTEL_TRACES_EXPORTER=none``), the resource naming this process (service, node, pid), and the
+# span collector of the process's spans that no run's provider makes (Ray's own), for the trace
+# file: taken by a worker's snapshots, or by the trace file of a run in this process.
 _hook: dict[str, Any] = {}
-
 
 
 def build_tracer_provider(
@@ -105,10 +106,15 @@ def hook_active() -> bool:
     return bool(_hook)
 
 
-def install_hook(processor: Any, resource: Any) -> None:
-    """Record the process-wide span processor and resource (called by the Ray tracing hook)."""
-    _hook["processor"] = processor
-    _hook["resource"] = resource
+def install_hook(processor: Any, resource: Any, spans: Any = None) -> None:
+    """Record the process-wide span processor, resource and span collector (called by the Ray
+    tracing hook)."""
+    _hook.update(processor=processor, resource=resource, spans=spans)
+
+
+def hook_spans() -> Any:
+    """The span collector of the process's spans the Ray tracing hook keeps, or ``None``."""
+    return _hook.get("spans")
 
 
 def hook_resource() -> Any:
@@ -119,8 +125,8 @@ def hook_resource() -> Any:
 def _worker_timer_tracer() -> Any:
     """The tracer of drop-in timers (``otel_rl.compat``) in a Ray worker where the hook ran:
     spans exported through the hook with the process's resource and the run id of the driver
-    call they run in. ``None`` without the hook, and in the driver (its timers trace only with
-    a Logger's ``tracing.enabled``)."""
+    call they run in, and kept with the process's spans for the trace file. ``None`` without the
+    hook, and in the driver (its timers trace only with a Logger's ``tracing.enabled``)."""
     if not _hook:
         return None
     tracer = _hook.get("timer_tracer")
@@ -128,7 +134,8 @@ def _worker_timer_tracer() -> Any:
         resource = _hook.get("resource")
         if resource is not None and resource.attributes.get("otel_rl.role") == "driver":
             return None
-        tracer = _hook.setdefault("timer_tracer", RunTracer(lambda: _hook.get("resource")))
+        spans = filter(None, [hook_spans()])
+        tracer = _hook.setdefault("timer_tracer", RunTracer(hook_resource, processors=spans))
     return tracer
 
 

@@ -160,6 +160,9 @@ def test_grpo_run_reaches_every_tracker(hf_offline: Path, mlflow_server: Any) ->
     import pandas as pd
 
     tables = [json.loads(line) for line in (log_dir / "tables.jsonl").read_text().splitlines()]
+    # the run's time table comes once at the end, with its timeline (docs/timeline.md)
+    assert [t["step"] for t in tables if t["table"] == "otel_rl/run_time"] == [STEPS[-1]]
+    tables = [t for t in tables if t["table"] != "otel_rl/run_time"]
     assert [t["step"] for t in tables] == list(STEPS)  # once per step, the last log included
     texts = tensorboard_accumulator(log_dir / "tensorboard").Tensors("train/completions")
     assert [e.step for e in texts] == list(STEPS)

@@ -86,8 +86,8 @@ def test_identical_rows_in_every_tracker(offline_trackers, tmp_path):
                     exporter.submit(gpu)
         exporters = {e.name: e for e in logger.exporters}
     assert {n: e.stats["delivered"] for n, e in exporters.items()} == {
-        "jsonl": 8, "wandb": 8, "swanlab": 8, "trackio": 8, "tensorboard": 8, "mlflow": 8
-    }  # 5 steps + 2 GPU rows + hyperparams
+        "jsonl": 10, "wandb": 10, "swanlab": 10, "trackio": 10, "tensorboard": 10, "mlflow": 10
+    }  # 5 steps + 2 GPU rows + hyperparams + the run's timeline page and time table at the end
 
     # JSONL is the reference: what the Logger handed every tracker.
     jsonl = jsonl_rows(log_dir / "metrics.jsonl")
@@ -103,9 +103,11 @@ def test_identical_rows_in_every_tracker(offline_trackers, tmp_path):
 
     wb = read_wandb(wandb_run_dirs(log_dir)[0])
     internal = ("_step", "_runtime", "_timestamp", "global_step")
+    # the run's timeline panel and time table, at the last step (docs/timeline.md)
+    pictures = ("otel_rl/timeline.", "otel_rl/run_time.")
 
     def strip(row: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in row.items() if k not in internal}
+        return {k: v for k, v in row.items() if k not in internal and not k.startswith(pictures)}
 
     assert _rows([(r["global_step"], strip(r)) for r in wb.history if "global_step" in r]) == (
         training
@@ -120,6 +122,7 @@ def test_identical_rows_in_every_tracker(offline_trackers, tmp_path):
     sl_pairs += [
         (s, {k: sl.media_file("text", f).read_text()})
         for k, items in sl.media.items()
+        if not k.startswith("otel_rl/")  # the run's timeline image
         for s, _, (f,) in items
     ]
     sl_rows = _rows(sl_pairs)
@@ -130,7 +133,9 @@ def test_identical_rows_in_every_tracker(offline_trackers, tmp_path):
 
     tk_rows, tk_config = read_trackio(project, "together")
     meta = ("step", "timestamp")
-    tk = [(r["step"], {k: v for k, v in r.items() if k not in meta}) for r in tk_rows]
+    tk = [(r["step"], {k: v for k, v in r.items()
+                       if k not in meta and k not in ("otel_rl/timeline", "otel_rl/run_time")})
+          for r in tk_rows]  # fmt: skip
     assert _rows([p for p in tk if "ray/ray_step" not in p[1]]) == training
     assert _rows([p for p in tk if "ray/ray_step" in p[1]]) == gpu_rows
     assert tk_config == config

@@ -42,7 +42,12 @@ import pytest
 
 from testkit.otlp_receiver import OtlpHttpReceiver, attributes_of
 from testkit.otlp_trace_receiver import OtlpTraceReceiver
-from testkit.readers import jsonl_rows, tensorboard_accumulator, tensorboard_scalars
+from testkit.readers import (
+    jsonl_rows,
+    tensorboard_accumulator,
+    tensorboard_scalars,
+    trace_file_spans,
+)
 from testkit.rollout_pages import V1_FIRST, PageServer
 from testkit.servers import free_port
 
@@ -411,6 +416,11 @@ def _traced_driver(ran: Ran) -> None:
                 assert chain[-2:] == [driver_timer, "rl.step"], chain
         longest = max(_duration(s) for _, s in in_step if s.name == "forward")
         assert row["metrics"]["workers/timing/forward"] == pytest.approx(longest, abs=1e-6)
+    # the trace file has each span's parent: Ray's spans, in the actors and the driver, too
+    on_disk = [span for _, span in trace_file_spans(ran.cwd / "logs" / "run1")]
+    ids = {s.span_id for s in on_disk}
+    assert [s.name for s in on_disk if s.parent_span_id not in (b"", *ids)] == []
+    assert Counter(s.name for s in on_disk)["Trainer.train ray.remote_worker"] == 6
 
 
 def _trace_carrier(ran: Ran) -> None:

@@ -203,7 +203,7 @@ def test_reductions_and_tracing_config_are_checked_up_front():
     cfg = resolve_config({"reductions": {"timing/*": ["max", "min"], "a/b": "sum"}})
     assert cfg["reductions"] == {"timing/*": ["max", "min"], "a/b": "sum"}
     assert resolve_config({})["tracing"] == {
-        "enabled": False, "file": True, "file_max_mb": 64,
+        "enabled": None, "file": True, "file_max_mb": 64,
         "picture": True, "picture_every": 1800.0, "picture_steps": 10,
     }  # fmt: skip
     with pytest.raises(ConfigError, match=r"'reductions.timing/\*'.*unknown reduction 'p99'"):

@@ -289,7 +289,7 @@ _WAITS_ON_A_URL = textwrap.dedent("""
         print("published", flush=True)
 
     threading.Thread(target=publish, daemon=True).start()
-    with Timer(lambda _: None, name="reward"), contextlib.suppress(OSError):
+    with Timer(lambda _: None, "timing/reward", "reward"), contextlib.suppress(OSError):
         requests.post(url, json={"prompt": "2+2"}, timeout=90)  # the credentials go as a header
 """)
 
@@ -449,7 +449,7 @@ def test_a_state_stays_small_whatever_the_program_names_and_keeps_nothing_alive(
     board = DirectoryBoard(tmp_path / "job")
     publisher = StatePublisher(loop.activity, role="r" * 1_000_000, rank=5)
     publisher.boards = lambda: [board]  # type: ignore[method-assign]
-    with Timer(lambda _: None, name="x" * 10_000):
+    with Timer(lambda _: None, "timing/x", "x" * 10_000):
         publisher.publish()
     (path,) = (tmp_path / "job").glob("*.json")
     state = json.loads(path.read_text())

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from testkit.otlp_trace_receiver import OtlpTraceReceiver
-from testkit.readers import jsonl_rows
+from testkit.readers import jsonl_rows, trace_file_spans
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
@@ -159,7 +159,31 @@ def test_worker_timer_spans_join_the_driver_step_trace(log_dir, capsys):
                 print(f"\nspan tree of step {step} (trace {trace_id.hex()}):")
                 print(span_tree(in_trace, root))
 
+    _the_trace_file_has_every_span_with_its_parent(log_dir, spans)
     _the_timeline_has_a_lane_per_actor_and_their_spans_line_up(log_dir)
+
+
+def _the_trace_file_has_every_span_with_its_parent(log_dir: Path, received) -> None:
+    """The driver's trace file has every span the collector got, Ray's own included (an actor's
+    in its snapshots, the driver's through its Logger), with the same parent, each once: no
+    span in it lacks its parent, so a Collector's file receiver ships whole trees. The Ray span
+    around each actor's last call, which ended after that call took the actor's last snapshot,
+    is there as it stood at that snapshot, marked open."""
+    on_disk = {span.span_id: span for _, span in trace_file_spans(log_dir)}
+    assert len(on_disk) == len(trace_file_spans(log_dir))
+    orphans = [s.name for s in on_disk.values() if s.parent_span_id not in (b"", *on_disk)]
+    assert orphans == []
+    opened = []
+    for _, span in received:
+        kept = on_disk[span.span_id]
+        assert (kept.name, kept.parent_span_id) == (span.name, span.parent_span_id)
+        assert kept.start_time_unix_nano == span.start_time_unix_nano
+        if any(a.key == "otel_rl.span.open" and a.value.bool_value for a in kept.attributes):
+            opened.append(span.name)
+            assert kept.end_time_unix_nano <= span.end_time_unix_nano
+        else:
+            assert kept.end_time_unix_nano == span.end_time_unix_nano
+    assert opened == ["Trainer.train ray.remote_worker"] * len(RANKS)
 
 
 def _the_timeline_has_a_lane_per_actor_and_their_spans_line_up(log_dir: Path) -> None:
@@ -183,7 +207,11 @@ def _the_timeline_has_a_lane_per_actor_and_their_spans_line_up(log_dir: Path) ->
     actor_lanes = {rank: [i for i, lane in enumerate(lanes) if lane.startswith(f"trainer {rank} ")]
                    for rank in RANKS}  # fmt: skip
     assert all(len(found) == 1 for found in actor_lanes.values()), lanes
-    assert sum(lane.startswith("driver") for lane in lanes) == 1, lanes
+    # a lane for the driver's timers, and one per process for Ray's spans (its resource names
+    # the process, not a timer's thread)
+    assert sorted(lane.split(" · ")[0] for lane in lanes) == [
+        "driver", "driver 0", "ray-worker", "ray-worker", "trainer 0", "trainer 1"
+    ], lanes  # fmt: skip
     for step in range(STEPS):
         driver = {s["name"]: s for s in data["spans"]
                   if s["step"] == step and lanes[s["row"]].startswith("driver")}  # fmt: skip

@@ -23,23 +23,11 @@ from opentelemetry.proto_json.collector.trace.v1.trace_service import (
 
 from otel_rl import Logger, WorkerMetrics
 from otel_rl.telemetry.trace_file import FILE_NAME, ROTATED_NAME, TraceFile, trace_files
+from testkit.readers import trace_file_spans
 
 
 def _lines(log_dir: Path) -> list[str]:
     return [line for path in trace_files(log_dir) for line in path.read_text().splitlines() if line]
-
-
-def _spans(log_dir: Path) -> list[tuple[dict, object]]:
-    """(resource attributes, span) of every span on disk, parsed by OpenTelemetry's messages."""
-    out = []
-    for line in _lines(log_dir):
-        request = JsonRequest.from_json(line)
-        for rs in request.resource_spans:
-            resource = {kv.key: next((v for v in (kv.value.string_value, kv.value.int_value)
-                                      if v is not None), None)
-                        for kv in rs.resource.attributes}  # fmt: skip
-            out.extend((resource, span) for ss in rs.scope_spans for span in ss.spans)
-    return out
 
 
 def _proto_with_hex_ids(line: str) -> ProtoRequest:
@@ -65,7 +53,7 @@ def test_every_timer_of_a_run_is_a_span_on_disk_that_otlp_json_parsers_read(tmp_
                 pass
             logger.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
         run_id = logger.run_id
-    spans = _spans(log_dir)
+    spans = trace_file_spans(log_dir)
     by_name: dict[str, list] = {}
     for _, span in spans:
         by_name.setdefault(span.name, []).append(span)
@@ -97,8 +85,9 @@ def test_every_timer_of_a_run_is_a_span_on_disk_that_otlp_json_parsers_read(tmp_
 
 
 def test_tracing_file_off_or_tracing_off_writes_no_file(tmp_path):
-    for cfg in ({"tracing": {"enabled": True, "file": False}}, {}):
-        log_dir = tmp_path / str(len(cfg))
+    for cfg in ({"tracing": {"enabled": True, "file": False}}, {"tracing": {"file": False}},
+                {"tracing": {"enabled": False}}):
+        log_dir = tmp_path / str(len(str(cfg)))
         with Logger({"log_dir": str(log_dir), **cfg}) as logger:
             with logger.timer("generation"):
                 pass
@@ -125,7 +114,7 @@ def test_the_files_stay_within_their_cap_and_keep_the_newest_spans(tmp_path):
         assert on_disk <= cap
     trace_file.shutdown()
     assert (tmp_path / ROTATED_NAME).exists()
-    kept = [s.name for _, s in _spans(tmp_path)]
+    kept = [s.name for _, s in trace_file_spans(tmp_path)]
     assert kept == names[-len(kept) :]  # the newest, in order, none twice
     assert len(kept) > 100 and trace_file.written == len(names)
 
@@ -151,7 +140,7 @@ def test_a_10_000_step_run_stays_within_its_cap_and_every_line_parses(tmp_path):
     for line in lines:
         json_format.Parse(line, ProtoRequest())
     steps = [next((a.value.int_value for a in s.attributes if a.key == "rl.step"), None)
-             for _, s in _spans(log_dir)]  # fmt: skip
+             for _, s in trace_file_spans(log_dir)]  # fmt: skip
     kept = sorted({step for step in steps if step is not None})
     assert kept[-1] == 9_999 and len(kept) == kept[-1] - kept[0] + 1  # the newest, no gap
 
@@ -183,7 +172,7 @@ def test_a_batch_larger_than_the_share_is_split_and_a_span_too_large_is_said(tmp
     with caplog.at_level(logging.WARNING, logger="otel_rl"):
         trace_file.export(batch)
         trace_file.export([giant])
-    assert [s.name for _, s in _spans(tmp_path)] == [f"s{i}" for i in range(12)]
+    assert [s.name for _, s in trace_file_spans(tmp_path)] == [f"s{i}" for i in range(12)]
     assert len(_lines(tmp_path)) > 1  # the batch went in parts
     assert trace_file.written == 12 and trace_file.lost == 1
     assert "a span of" in caplog.text and "giant" in caplog.text
@@ -200,7 +189,7 @@ def test_a_full_disk_costs_the_batch_is_said_once_and_writing_resumes(tmp_path, 
         (tmp_path / FILE_NAME).unlink()  # space again
         trace_file.export([_span("after")])
     trace_file.shutdown()
-    assert [s.name for _, s in _spans(tmp_path)] == ["after"]
+    assert [s.name for _, s in trace_file_spans(tmp_path)] == ["after"]
     assert (trace_file.lost, trace_file.written) == (5, 1)
     said = [r.getMessage() for r in caplog.records if "cannot write spans" in r.getMessage()]
     assert len(said) == 1 and "disk is full" in said[0]
@@ -228,7 +217,7 @@ def test_a_fork_child_writes_nothing_to_the_parent_s_trace_file(tmp_path):
     child.join(60)
     assert child.exitcode == 0
     logger.finish()
-    assert sorted(s.name for _, s in _spans(log_dir)) == ["generation", "rl.step"]
+    assert sorted(s.name for _, s in trace_file_spans(log_dir)) == ["generation", "rl.step"]
 
 
 def test_a_file_that_ends_in_part_of_a_line_is_mended_before_the_next_line(tmp_path):
@@ -275,8 +264,28 @@ def test_a_worker_snapshot_s_bad_span_costs_only_itself_and_losses_are_said(tmp_
             pass
         logger.log_worker_metrics([worker.snapshot(step=1)], step=1)
         logger.finish()
-    names = sorted(s.name for _, s in _spans(log_dir) if s.name in ("good", "later"))
+    names = sorted(s.name for _, s in trace_file_spans(log_dir) if s.name in ("good", "later"))
     assert names == ["good", "later"]
     said = [r.getMessage() for r in caplog.records if "span(s) are not in" in r.getMessage()]
     # the 5 the worker dropped and the 2 that could not be encoded
     assert len(said) == 1 and said[0].startswith("otel-rl: 7 span(s) are not in")
+
+
+def test_a_span_running_at_its_snapshot_is_written_once_whole_or_as_it_stood(tmp_path):
+    """A worker's span still running when a snapshot is taken (Ray's span around the call that
+    returns it) travels in that snapshot as it stands, marked open: the file writes it once,
+    whole when a later snapshot brings it, else, at the run's end, as it stood then."""
+    log_dir = tmp_path / "run"
+    worker = WorkerMetrics(rank=0, role="trainer", tracing=True)
+    with Logger({"log_dir": str(log_dir), "tracing": {"enabled": True}}) as logger:
+        with worker.timer("call"):
+            logger.log_worker_metrics([worker.snapshot(step=0)], step=0)
+        with worker.timer("last"):
+            logger.log_worker_metrics([worker.snapshot(step=1)], step=1)
+            taken = time.time_ns()
+    written = [s for _, s in trace_file_spans(log_dir) if s.name in ("call", "last")]
+    assert sorted(s.name for s in written) == ["call", "last"]
+    for span in written:
+        marks = {a.key: a.value.bool_value for a in span.attributes if a.key == "otel_rl.span.open"}
+        assert marks == ({"otel_rl.span.open": True} if span.name == "last" else {})
+        assert span.start_time_unix_nano < span.end_time_unix_nano <= taken

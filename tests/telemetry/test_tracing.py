@@ -120,7 +120,7 @@ def step_spans_setup():
     provider = TracerProvider()
     spans = capture(provider)
     steps = StepSpans(provider, run_id="run-9")
-    timer = Timer(lambda seconds: None, steps.tracer, "gen")
+    timer = Timer(lambda timing: None, "timing/gen", "gen", steps.tracer)
     return steps, spans, timer
 
 
