@@ -26,6 +26,7 @@ import errno
 import json
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -37,6 +38,11 @@ from otel_rl.telemetry.span_transfer import OPEN
 MB = 1 << 20
 #: Workers' snapshots of spans waiting to be written (each a list of a worker's spans).
 MAX_CARRIED = 10_000
+
+#: Plain spans written in one line at most. Between two lines the writing thread lets go of the
+#: GIL: a thread that holds it makes a training thread that wants it wait up to the switch
+#: interval (5 ms), which is what a loop's tail in the delivery process mode would show.
+LINE_SPANS = 32
 
 #: The file under ``log_dir``, and the one it becomes when it is full.
 FILE_NAME = "traces.jsonl"
@@ -243,7 +249,9 @@ class TraceFile:
                             spans.append(span)
                 while len(self._running) > MAX_CARRIED:
                     spans.append(self._running.pop(next(iter(self._running))))
-                self._export(spans, plain_json_line)
+                for start in range(0, len(spans), LINE_SPANS):
+                    self._export(spans[start : start + LINE_SPANS], plain_json_line)
+                    time.sleep(0)  # the GIL to the training thread between two lines
             if final:
                 self._export(list(self._running.values()), plain_json_line)
                 self._running.clear()
