@@ -72,6 +72,7 @@ class Logger:
             run.steps.resume_attempt = history.attempt
         self._intake = Intake(run, cfg.reductions, strict=self._strict, report=self._report,
                               anatomy=cfg.anatomy)  # fmt: skip
+        self._shared_timers = run.timers.shared
         self._fanout = run.fanout
         self.exporters = run.exporters
         self.meter_provider = run.pipeline.provider
@@ -197,7 +198,8 @@ class Logger:
         Rows show the step's total seconds under ``timing/<name>``; Prometheus and OTLP get the
         histogram.
         """
-        return self._intake.timer(name)
+        timer = self._shared_timers.get(name)  # the usual call: a timer used before
+        return timer if timer is not None else self._intake.timer(name)
 
     def log_worker_metrics(
         self,

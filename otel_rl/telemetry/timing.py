@@ -45,15 +45,26 @@ MAX_DEPTH = 8
 SPAN_RECORDS = 100_000
 
 #: A closed use of a timer (:meth:`PhaseClock.record_spans`).
-ClosedTimer = tuple[str, float, float, int, str, int, int, int]
+ClosedTimer = tuple[str, float, float, int, str, int, int, int, int]
 
 
 _now = time.monotonic
 _thread = threading.get_ident
 
 
+def _path(top: str, name: str) -> str:
+    """The path of a timer ``name`` opened inside the path ``top``."""
+    if not top:
+        return name
+    if top == name or top.endswith("/" + name) or top.count("/") >= MAX_DEPTH - 1:
+        # a timed function that calls itself is one phase, not a path per depth; and a path
+        # is at most MAX_DEPTH names (a tracker's key has a length limit)
+        return top
+    return f"{top}/{name}"
+
+
 class _ThreadPhases:
-    __slots__ = ("events", "ident", "name", "owned", "since", "stack", "top", "totals")
+    __slots__ = ("events", "ident", "name", "owned", "paths", "since", "stack", "top", "totals")
 
     def __init__(self, now: float) -> None:
         self.ident = _thread()
@@ -66,6 +77,8 @@ class _ThreadPhases:
         self.events = 0
         #: Entries of ``stack`` with an owner (only those can be orphans).
         self.owned = 0
+        #: ``{enclosing path: {name: path}}``: each path is built once.
+        self.paths: dict[str, dict[str, str]] = {}
 
     def charge(self, now: float) -> None:
         totals, top = self.totals, self.top
@@ -87,8 +100,8 @@ class PhaseClock:
         self._seq = itertools.count(1)
         self._epoch = 0
         #: Closed uses, for spans: ``(name, start, end, thread id, thread name, seq, parent seq
-        #: or 0, epoch of the outermost timer open around it)``; ``None`` until
-        #: :meth:`record_spans`.
+        #: or 0, epoch of the outermost timer open around it, epoch it closed in)``; ``None``
+        #: until :meth:`record_spans`.
         self._closed: deque[ClosedTimer] | None = None
         self._span_readers = 0
 
@@ -114,24 +127,21 @@ class PhaseClock:
 
     def open(self, name: str, owner: Any = None) -> None:
         now = _now()
-        ident = _thread()
-        state = self._threads.get(ident)
+        state = self._threads.get(_thread())
         if state is None:
-            state = self._threads[ident] = _ThreadPhases(now)
+            state = self._threads[_thread()] = _ThreadPhases(now)
         elif state.owned:
             _drop_orphans(state, now)
         totals, top = state.totals, state.top  # the interval so far is the innermost path's
         totals[top] = totals.get(top, 0.0) + (now - state.since)
         state.since = now
         state.events += 1
-        if not top:
-            path = name
-        elif top == name or top.endswith("/" + name) or top.count("/") >= MAX_DEPTH - 1:
-            # a timed function that calls itself is one phase, not a path per depth; and a path
-            # is at most MAX_DEPTH names (a tracker's key has a length limit)
-            path = top
-        else:
-            path = f"{top}/{name}"
+        paths = state.paths.get(top)
+        if paths is None:
+            paths = state.paths[top] = {}
+        path = paths.get(name)
+        if path is None:
+            path = paths[name] = _path(top, name)
         state.top = path
         if owner is not None:
             state.owned += 1
@@ -144,8 +154,37 @@ class PhaseClock:
         Returns its seconds, or ``None`` when no such timer is open."""
         now = _now()
         state = self._threads.get(_thread())
-        if state is not None and state.stack and state.stack[-1][0] == name:
-            return self._stopped(state, -1, now)
+        if state is None or not state.stack or state.stack[-1][0] != name:
+            return self._close_elsewhere(state, name, now)
+        # the usual stop, of this thread's innermost timer, inline
+        totals, top = state.totals, state.top
+        totals[top] = totals.get(top, 0.0) + (now - state.since)
+        state.since = now
+        state.events += 1
+        stack = state.stack
+        _, start, owner, path, seq, epoch = stack.pop()
+        if owner is not None:
+            state.owned -= 1
+        if stack:
+            outer = stack[-1]
+            state.top = outer[3]
+            parent, epoch = outer[4], stack[0][5]
+        else:
+            state.top, parent = "", 0
+        closed = self._closed
+        if closed is not None:
+            closed.append((name, start, now, state.ident, state.name, seq, parent, epoch,
+                           self._epoch))
+        history = self._history
+        if history is not None:
+            recent = history.get(path)
+            if recent is None:
+                recent = history.setdefault(path, deque(maxlen=HISTORY))
+            recent.append(now - start)
+        return now - start
+
+    def _close_elsewhere(self, state: _ThreadPhases | None, name: str, now: float) -> float | None:
+        """A stop out of order, or on another thread than the start."""
         for candidate in ([state] if state is not None else []) + list(self._threads.values()):
             stack = candidate.stack
             for index in range(len(stack) - 1, -1, -1):
@@ -159,8 +198,6 @@ class PhaseClock:
         state.since = now
         state.events += 1
         stack = state.stack
-        if index < 0:
-            index += len(stack)
         name, start, owner, path, seq, epoch = stack.pop(index)
         if owner is not None:
             state.owned -= 1
@@ -169,7 +206,8 @@ class PhaseClock:
         if closed is not None:
             parent = stack[index - 1][4] if index else 0
             outer = stack[0][5] if index else epoch
-            closed.append((name, start, now, state.ident, state.name, seq, parent, outer))
+            closed.append((name, start, now, state.ident, state.name, seq, parent, outer,
+                           self._epoch))
         history = self._history
         if history is not None:
             recent = history.get(path)
@@ -418,12 +456,15 @@ class TimerFactory:
         self._instruments = instruments
         self._done: deque[tuple[str, float]] = deque(maxlen=SPAN_RECORDS)
         self._known: dict[str, Timer] = {}
+        #: ``{name: Timer}`` of the timers that can be handed out again (untraced, a Timer has
+        #: no state: one per name); a caller may look a name up here first.
+        self.shared: dict[str, Timer] = {}
         self._overflowed = False
 
     def timer(self, name: str) -> Timer:
         known = self._known.get(name)
         if known is not None and self._tracer is None:
-            return known  # untraced, a Timer has no state: one per name
+            return known
         if known is None:
             from otel_rl.core.catalogue import TIMING
 
@@ -436,6 +477,8 @@ class TimerFactory:
         timer = Timer(self._done.append, key, name, self._tracer, self._span_attributes,
                       self._clock)  # fmt: skip
         self._known[name] = timer
+        if self._tracer is None:
+            self.shared[name] = timer
         return timer
 
     def take(self) -> list[tuple[str, float]]:

@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ MAX_CARRIED = 10_000
 #: GIL: a thread that holds it makes a training thread that wants it wait up to the switch
 #: interval (5 ms), which is what a loop's tail in the delivery process mode would show.
 LINE_SPANS = 32
+#: Seconds between two rounds of the writing thread while a source (a run's clock spans) feeds it.
+ROUND_S = 0.5
 
 #: The file under ``log_dir``, and the one it becomes when it is full.
 FILE_NAME = "traces.jsonl"
@@ -106,29 +108,48 @@ def otlp_json_line(spans: Sequence[Any]) -> str:
 def plain_json_line(spans: Sequence[Any]) -> str:
     """One OTLP JSON line (no newline) for plain spans
     (:data:`~otel_rl.telemetry.span_transfer.PlainSpan`: a worker's, a step's from the phase
-    clock), as :func:`otlp_json_line` writes SDK spans, without building them: a tenth of the
-    time. Raises ``ValueError`` or ``TypeError`` for a span that is not one (an id out of range,
-    a field missing)."""
-    resources: dict[int, tuple[Any, dict[str, list[dict[str, Any]]]]] = {}
+    clock), as :func:`otlp_json_line` writes SDK spans, without building them: the text is put
+    together directly, each resource, scope, name and attributes object encoded once per line.
+    Raises ``ValueError`` or ``TypeError`` for a span that is not one (an id out of range, a
+    field missing)."""
+    encoded: dict[int, str] = {}  # id of an attributes object or a name -> its JSON
+
+    def once(value: Any, encode: Callable[[Any], str]) -> str:
+        text = encoded.get(id(value))
+        if text is None:
+            text = encoded[id(value)] = encode(value)
+        return text
+
+    resources: dict[int, tuple[Any, dict[str, list[str]]]] = {}
     for name, trace_id, span_id, parent_id, start, end, attributes, resource, scope in spans:
         if not (0 < trace_id < 1 << 128 and 0 < span_id < 1 << 64 and 0 <= parent_id < 1 << 64):
             raise ValueError(f"span {name!r}: an id out of range")
-        span: dict[str, Any] = {
-            "traceId": f"{trace_id:032x}", "spanId": f"{span_id:016x}", "name": str(name),
-            "kind": 1, "startTimeUnixNano": str(int(start)), "endTimeUnixNano": str(int(end)),
-            "attributes": _key_values(attributes), "status": {}, "flags": 768 if parent_id else 256,
-        }  # fmt: skip
-        if parent_id:
-            span["parentSpanId"] = f"{parent_id:016x}"
+        parent = f'"parentSpanId":"{parent_id:016x}",' if parent_id else ""
+        span = (
+            f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}",{parent}'
+            f'"name":{once(name, _json_text)},"kind":1,"startTimeUnixNano":"{int(start)}",'
+            f'"endTimeUnixNano":"{int(end)}","attributes":{once(attributes, _attributes_json)},'
+            f'"status":{{}},"flags":{768 if parent_id else 256}}}'
+        )
         held = resources.setdefault(id(resource), (resource, {}))
         held[1].setdefault(str(scope), []).append(span)
-    request = {"resourceSpans": [
-        {"resource": {"attributes": _key_values(resource)},
-         "scopeSpans": [{"scope": {"name": scope}, "spans": items}
-                        for scope, items in scopes.items()]}
-        for resource, scopes in resources.values()
-    ]}  # fmt: skip
-    return json.dumps(request, separators=(",", ":"))
+    parts = []
+    for resource, scopes in resources.values():
+        scope_spans = ",".join(
+            f'{{"scope":{{"name":{json.dumps(scope)}}},"spans":[{",".join(items)}]}}'
+            for scope, items in scopes.items()
+        )
+        parts.append(f'{{"resource":{{"attributes":{_attributes_json(resource)}}},'
+                     f'"scopeSpans":[{scope_spans}]}}')  # fmt: skip
+    return f'{{"resourceSpans":[{",".join(parts)}]}}'
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(str(value))
+
+
+def _attributes_json(attributes: Any) -> str:
+    return json.dumps(_key_values(attributes), separators=(",", ":"))
 
 
 def _key_values(attributes: Any) -> list[dict[str, Any]]:
@@ -187,18 +208,21 @@ class TraceFile:
         self._failing = False
         self._closed = False
         # Workers' spans (plain tuples from their snapshots), written on a thread of this file.
-        self._carried: deque[list[Any] | Callable[[], list[Any]]] = deque()
+        self._carried: deque[list[Any]] = deque()
         self._carry_lock = threading.Lock()
         self._writing = threading.Lock()  # one writer of carried spans at a time
         # Carried spans still running at their snapshot, by span id, until they come whole.
         self._running: dict[int, Any] = {}
         self._wake = threading.Event()
         self._carrier: threading.Thread | None = None
+        #: Functions that hand over spans at each round of the writing thread (a run's
+        #: :class:`~otel_rl.telemetry.clock_spans.ClockSpans`): rounds come every
+        #: :data:`ROUND_S` then, or sooner when a source calls :meth:`wake`.
+        self._sources: list[Callable[[], Iterable[Any]]] = []
 
-    def carry(self, plain: list[Any] | Callable[[], list[Any]], dropped: int = 0) -> None:
-        """Write spans (:data:`~otel_rl.telemetry.span_transfer.PlainSpan`: a worker's, or a
-        function that makes them, as a step's spans from the phase clock) on this file's own
-        thread: the caller (``log_worker_metrics``, a step's seal) only queues them. At most
+    def carry(self, plain: list[Any], dropped: int = 0) -> None:
+        """Write spans (:data:`~otel_rl.telemetry.span_transfer.PlainSpan`: a worker's) on
+        this file's own thread: the caller (``log_worker_metrics``) only queues them. At most
         :data:`MAX_CARRIED` batches wait; beyond that the oldest are lost (and counted, with
         the ``dropped`` spans a worker had no room for)."""
         if os.getpid() != self._pid or self._closed:
@@ -209,18 +233,34 @@ class TraceFile:
                 return
             if len(self._carried) >= MAX_CARRIED:
                 lost = self._carried.popleft()
-                self._not_carried += len(lost) if isinstance(lost, list) else 1
+                self._not_carried += len(lost)
             self._carried.append(plain)
-            if self._carrier is None:
-                self._carrier = threading.Thread(
-                    target=self._carry_loop, name="otel-rl-trace-file", daemon=True
-                )
-                self._carrier.start()
+            self._start_carrier()
         self._wake.set()
+
+    def add_source(self, source: Callable[[], Iterable[Any]]) -> None:
+        """Write what ``source()`` returns (plain spans) at each round of this file's thread,
+        and at the end."""
+        if os.getpid() != self._pid or self._closed:
+            return
+        with self._carry_lock:
+            self._sources.append(source)
+            self._start_carrier()
+
+    def wake(self) -> None:
+        """A round of the writing thread now."""
+        self._wake.set()
+
+    def _start_carrier(self) -> None:
+        if self._carrier is None:
+            self._carrier = threading.Thread(
+                target=self._carry_loop, name="otel-rl-trace-file", daemon=True
+            )
+            self._carrier.start()
 
     def _carry_loop(self) -> None:
         while not self._closed:
-            self._wake.wait()
+            self._wake.wait(ROUND_S if self._sources else None)
             self._wake.clear()
             try:
                 self.write_carried()
@@ -228,30 +268,37 @@ class TraceFile:
                 _log.warning("otel-rl: workers' spans not written to %s: %r", self.path, exc)
 
     def write_carried(self, final: bool = False) -> None:
-        """Write the carried spans. One still running at its snapshot waits for the snapshot
-        that has it whole; ``final`` (the run's end) writes those that never came as they
-        stood (:data:`~otel_rl.telemetry.span_transfer.OPEN`)."""
+        """Write the carried spans and the sources', a line of :data:`LINE_SPANS` at a time.
+        One still running at its snapshot waits for the snapshot that has it whole; ``final``
+        (the run's end) writes those that never came as they stood
+        (:data:`~otel_rl.telemetry.span_transfer.OPEN`)."""
         with self._writing:
+            with self._carry_lock:
+                sources = list(self._sources)
+            batches: list[Iterable[Any]] = [source() for source in sources]
             while True:
                 with self._carry_lock:
-                    batches = list(self._carried)
+                    batches += self._carried
                     self._carried.clear()
                 if not batches:
                     break
-                spans: list[Any] = []
+                line: list[Any] = []
                 for batch in batches:
-                    for span in batch if isinstance(batch, list) else batch():
+                    for span in batch:
                         span_id, attributes = _fields(span)
                         self._running.pop(span_id, None)
                         if isinstance(attributes, dict) and attributes.get(OPEN):
                             self._running[span_id] = span
-                        else:
-                            spans.append(span)
+                            continue
+                        line.append(span)
+                        if len(line) == LINE_SPANS:
+                            self._export(line, plain_json_line)
+                            line = []
+                            time.sleep(0)  # the GIL to the training thread between two lines
+                batches = []
                 while len(self._running) > MAX_CARRIED:
-                    spans.append(self._running.pop(next(iter(self._running))))
-                for start in range(0, len(spans), LINE_SPANS):
-                    self._export(spans[start : start + LINE_SPANS], plain_json_line)
-                    time.sleep(0)  # the GIL to the training thread between two lines
+                    line.append(self._running.pop(next(iter(self._running))))
+                self._export(line, plain_json_line)
             if final:
                 self._export(list(self._running.values()), plain_json_line)
                 self._running.clear()

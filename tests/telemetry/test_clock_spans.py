@@ -141,20 +141,59 @@ def test_timings_wait_for_the_outputs_within_a_bound_and_the_rest_are_counted(
     assert len(said) == 1
 
 
-@pytest.mark.slow  # 200,000 spans made and written at the end
+@pytest.mark.slow  # 200,000 spans made and written
 def test_more_timer_uses_than_the_bound_between_two_calls_are_said_once(tmp_path, caplog):
     """Between two ``log_metrics`` calls a timer factory keeps the newest ``SPAN_RECORDS`` uses
-    (so a loop that stops logging, or times after ``finish()``, holds bounded memory)."""
+    (so a loop that stops logging, or times after ``finish()``, holds bounded memory), said once;
+    the spans are taken by the trace file's thread as they come, and whatever it could not take
+    in time is said once too."""
     from otel_rl.telemetry.timing import SPAN_RECORDS
 
-    with Logger({"log_dir": str(tmp_path)}) as logger:
+    uses = SPAN_RECORDS + 10
+    with Logger({"log_dir": str(tmp_path), "tracing": {"picture": False}}) as logger:
         timer = logger.timer("tick")
         for step in range(2):
-            for _ in range(SPAN_RECORDS + 10):
+            for _ in range(uses):
                 with timer:
                     pass
             logger.log_metrics({"x": 1.0}, step=step)
-    said = [r for r in caplog.records if "between two log_metrics calls" in r.getMessage()]
-    assert len(said) == 2  # once for the rows, once for the spans
+    said = [r.getMessage() for r in caplog.records if "times or more" in r.getMessage()]
+    assert sum("timing/* rows" in m for m in said) == 1, said
+    spans_said = sum("have spans" in m for m in said)
+    assert spans_said <= 1, said
+    ticks = [span for span in _spans(tmp_path).values() if span[0] == "tick"]
+    if spans_said:
+        assert SPAN_RECORDS <= len(ticks) < 2 * uses
+    else:
+        assert len(ticks) == 2 * uses
     rows = rows_by_step(tmp_path / "metrics.jsonl")
     assert all(rows[step]["timing/tick"] > 0 for step in range(2))
+
+
+def test_a_use_taken_after_its_step_was_written_joins_that_steps_trace(tmp_path):
+    """A timer on another thread can read the clock's epoch just before the training thread
+    ends it, and append its record only after the trace file's thread wrote that step. The
+    interleaving is made here by appending the record the clock would have appended (no
+    scheduler can be told to switch there): the span is in its step's trace all the same."""
+    from otel_rl.telemetry.clock_spans import ClockSpans
+    from otel_rl.telemetry.timing import PhaseClock
+    from otel_rl.telemetry.trace_file import TraceFile
+
+    clock = PhaseClock()
+    trace_file = TraceFile(tmp_path, 1 << 24)
+    spans = ClockSpans(trace_file, {"service.name": "t"}, clock=clock)
+    clock.open("rollout")
+    clock.close("rollout")
+    epoch = clock._epoch
+    spans.take(7)
+    spans.seal(7)
+    first = list(spans.spans())
+    assert [s[0] for s in first] == ["rl.step", "rollout"]
+    trace_id, step_span = first[0][1], first[0][2]
+    clock._closed.append(("late", 1.0, 2.0, 1, "worker", 99, 0, epoch, epoch))
+    spans.take(8)
+    spans.seal(8)
+    (late,) = list(spans.spans())  # step 8 timed nothing: only the late use
+    assert late[0] == "late" and late[1] == trace_id and late[3] == step_span
+    spans.close()
+    trace_file.shutdown()
