@@ -156,6 +156,8 @@ class Run:
         self.steps.seal(final=True)
         deadline = Deadline(self.shutdown_timeout if timeout is None else timeout)
         ok = self.sources.flush(deadline)
+        if self.clock_spans is not None:  # the spans of the steps sealed so far, on disk too
+            self._flush_spans()
         return self._flush_trackers(deadline.left()) and ok
 
     def _flush_trackers(self, seconds: float) -> bool:

@@ -102,7 +102,7 @@ class ClockSpans:
             _log.warning("otel-rl: %d steps waited for the trace file's thread: the oldest have "
                          "no spans", len(sealed))
         sealed.append((step, epochs, start, end, sealer))
-        if len(sealed) >= WAKE_AT:
+        if len(sealed) == WAKE_AT:  # once: the thread takes every step queued at its round
             self._file.wake()
 
     def close(self) -> None:

@@ -197,3 +197,18 @@ def test_a_use_taken_after_its_step_was_written_joins_that_steps_trace(tmp_path)
     assert late[0] == "late" and late[1] == trace_id and late[3] == step_span
     spans.close()
     trace_file.shutdown()
+
+
+def test_flush_puts_the_spans_of_the_steps_sealed_so_far_on_disk(tmp_path):
+    """The trace file's thread writes every half second; ``flush()`` does not wait for it:
+    after it returns, each step logged so far has its spans in ``traces.jsonl``."""
+    with Logger({"log_dir": str(tmp_path), "tracing": {"picture": False}}) as logger:
+        for step in range(3):
+            with logger.timer("generation"):
+                pass
+            logger.log_metrics({"x": float(step)}, step=step)
+        logger.flush()
+        spans = _spans(tmp_path).values()
+        steps = sorted(a["rl.step"] for name, _, _, _, a in spans if name == "rl.step")
+        assert steps == [0, 1, 2]
+        assert sum(1 for span in spans if span[0] == "generation") == 3
