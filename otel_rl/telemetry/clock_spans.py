@@ -35,6 +35,9 @@ from otel_rl.telemetry.tracing import STEP_ATTRIBUTE, STEP_SPAN
 KEEP_TRACES = 10_000
 #: Steps sealed that wake the trace file's thread before its next round.
 WAKE_AT = 1_000
+#: Closed uses or steps the trace file's thread goes through before it lets go of the GIL
+#: (between two of its lines it does too).
+YIELD_EVERY = 256
 _MASK = (1 << 64) - 1
 
 
@@ -61,6 +64,8 @@ class ClockSpans:
         self._epochs: list[int] = []  # ended by the pending step's calls
         self._start_ns = self._last_ns = time.time_ns()
         self._sealer = (threading.get_ident(), threading.current_thread().name)
+        self._recorded = clock.recorded  # the clock's count of closed uses at the last take
+        self._timed = False  # a timer closed in the pending step's epochs
         #: Steps sealed, for the trace file's thread: (step, epochs, start, end, sealer).
         self._sealed: deque[tuple[int, list[int], int, int, tuple[int, str]]] = deque(
             maxlen=SPAN_RECORDS
@@ -77,8 +82,11 @@ class ClockSpans:
 
     def take(self, step: int) -> None:
         """A ``log_metrics`` call at ``step``: the timers closed since belong to it."""
-        self._epochs.append(self._clock.next_epoch())
+        clock = self._clock
+        self._epochs.append(clock.next_epoch())
         self._last_ns = time.time_ns()
+        if clock.recorded != self._recorded:  # a timer closed in the epoch just ended
+            self._recorded, self._timed = clock.recorded, True
 
     def seal(self, step: int, final: bool = False) -> None:
         """The step's row is sealed: its spans are the trace file's thread's to make
@@ -92,6 +100,9 @@ class ClockSpans:
             return
         self._epochs = []
         start, end, self._start_ns = self._start_ns, self._last_ns, self._last_ns
+        if not self._timed:
+            return  # no timer closed during the step: no spans (a loop without timers has none)
+        self._timed = False
         ident = threading.get_ident()
         sealer = self._sealer
         if sealer[0] != ident:
@@ -117,16 +128,20 @@ class ClockSpans:
             self._overflowed = True
             _log.warning("otel-rl: timers were used %d times or more before the trace file's "
                          "thread took them: only the newest have spans", len(closed))
-        for _ in range(len(closed)):
+        for index in range(len(closed)):
             record = closed.popleft()
             held = waiting.get(record[8])
             if held is None:
                 waiting[record[8]] = [record]
             else:
                 held.append(record)
+            if index % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)  # the GIL to the training thread now and then
         sealed = self._sealed
         last = None
-        for _ in range(len(sealed)):
+        for index in range(len(sealed)):
+            if index % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)  # a round of many steps without timers holds the GIL no longer
             step, epochs, start, end, sealer = sealed.popleft()
             last = epochs[-1]
             taken = [record for epoch in epochs for record in waiting.pop(epoch, ())]

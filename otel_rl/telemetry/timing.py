@@ -103,6 +103,8 @@ class PhaseClock:
         #: or 0, epoch of the outermost timer open around it, epoch it closed in)``; ``None``
         #: until :meth:`record_spans`.
         self._closed: deque[ClosedTimer] | None = None
+        #: Closed uses appended to it so far (a reader sees whether any closed since it looked).
+        self.recorded = 0
         self._span_readers = 0
 
     def record_spans(self) -> deque[ClosedTimer]:
@@ -154,37 +156,8 @@ class PhaseClock:
         Returns its seconds, or ``None`` when no such timer is open."""
         now = _now()
         state = self._threads.get(_thread())
-        if state is None or not state.stack or state.stack[-1][0] != name:
-            return self._close_elsewhere(state, name, now)
-        # the usual stop, of this thread's innermost timer, inline
-        totals, top = state.totals, state.top
-        totals[top] = totals.get(top, 0.0) + (now - state.since)
-        state.since = now
-        state.events += 1
-        stack = state.stack
-        _, start, owner, path, seq, epoch = stack.pop()
-        if owner is not None:
-            state.owned -= 1
-        if stack:
-            outer = stack[-1]
-            state.top = outer[3]
-            parent, epoch = outer[4], stack[0][5]
-        else:
-            state.top, parent = "", 0
-        closed = self._closed
-        if closed is not None:
-            closed.append((name, start, now, state.ident, state.name, seq, parent, epoch,
-                           self._epoch))
-        history = self._history
-        if history is not None:
-            recent = history.get(path)
-            if recent is None:
-                recent = history.setdefault(path, deque(maxlen=HISTORY))
-            recent.append(now - start)
-        return now - start
-
-    def _close_elsewhere(self, state: _ThreadPhases | None, name: str, now: float) -> float | None:
-        """A stop out of order, or on another thread than the start."""
+        if state is not None and state.stack and state.stack[-1][0] == name:
+            return self._stopped(state, len(state.stack) - 1, now)  # the usual stop
         for candidate in ([state] if state is not None else []) + list(self._threads.values()):
             stack = candidate.stack
             for index in range(len(stack) - 1, -1, -1):
@@ -208,6 +181,7 @@ class PhaseClock:
             outer = stack[0][5] if index else epoch
             closed.append((name, start, now, state.ident, state.name, seq, parent, outer,
                            self._epoch))
+            self.recorded += 1
         history = self._history
         if history is not None:
             recent = history.get(path)

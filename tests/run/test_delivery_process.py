@@ -350,6 +350,7 @@ def test_a_delivery_process_behind_at_finish_keeps_the_runs_deadline_and_says_wh
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # finish() held to its deadline to the second
 def test_what_a_killed_delivery_process_left_is_said_before_finish_returns_however_busy(
     tmp_path,
 ):
@@ -811,6 +812,7 @@ def test_without_a_handoff_file_a_stopped_delivery_process_holds_one_call_at_mos
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # finish() held to its deadline to the second
 def test_records_still_in_the_pipe_when_finish_gives_up_wait_for_replay(tmp_path, caplog):
     """The frames the pipe took and the stopped delivery process never read were kept here:
     at the deadline they go to the leftover file, and replay delivers them once."""

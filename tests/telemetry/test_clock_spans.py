@@ -150,7 +150,8 @@ def test_more_timer_uses_than_the_bound_between_two_calls_are_said_once(tmp_path
     from otel_rl.telemetry.timing import SPAN_RECORDS
 
     uses = SPAN_RECORDS + 10
-    with Logger({"log_dir": str(tmp_path), "tracing": {"picture": False}}) as logger:
+    tracing = {"picture": False, "file_max_mb": 1024}  # every span kept: none rotated away
+    with Logger({"log_dir": str(tmp_path), "tracing": tracing}) as logger:
         timer = logger.timer("tick")
         for step in range(2):
             for _ in range(uses):
@@ -191,6 +192,7 @@ def test_a_use_taken_after_its_step_was_written_joins_that_steps_trace(tmp_path)
     assert [s[0] for s in first] == ["rl.step", "rollout"]
     trace_id, step_span = first[0][1], first[0][2]
     clock._closed.append(("late", 1.0, 2.0, 1, "worker", 99, 0, epoch, epoch))
+    clock.recorded += 1
     spans.take(8)
     spans.seal(8)
     (late,) = list(spans.spans())  # step 8 timed nothing: only the late use
