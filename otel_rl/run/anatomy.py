@@ -64,7 +64,6 @@ class StepAnatomy:
         self._seen: set[tuple[str, int, Any]] = set()
         self._timed = False  # a run that never times anything has no anatomy to tell
         self._keys: dict[tuple[str, str, str], str] = {}  # see _key_of
-        self._seconds_keys: dict[str, str] = {}  # {path: its row's key}, of _keys
         self._last_chain: tuple[tuple[str, str], ...] = ()
 
     def mark(self) -> None:
@@ -122,21 +121,16 @@ class StepAnatomy:
             if not phases and not workers:
                 return {}
             self._timed = True
-        seconds = self._seconds_keys
-        rows: dict[str, Any] = {}
-        for path, spent in phases.items():
-            key = seconds.get(path)
-            rows[key if key is not None else self._key_of(path, "/seconds")] = spent
+        key_of = self._key_of
+        rows: dict[str, Any] = {key_of(path, "/seconds"): spent for path, spent in phases.items()}
         untimed = wall - sum(phases.values())
         rows[UNTIMED] = untimed if untimed > 0.0 else 0.0
         rows[WALL] = wall
         # (who, what is shown, the link's row, seconds); untimed is no timer's path
-        longest, most = "", rows[UNTIMED]
+        links = [("driver", "untimed", CRITICAL_UNTIMED, rows[UNTIMED])]
         for path, spent in phases.items():
-            if spent > most:
-                longest, most = path, spent
-        links = [("driver", longest, self._key_of(longest, "/seconds", "critical/"), most)
-                 if longest else ("driver", "untimed", CRITICAL_UNTIMED, most)]  # fmt: skip
+            if spent > links[0][3]:
+                links[0] = ("driver", path, key_of(path, "/seconds", "critical/"), spent)
         if workers:
             links += self._worker_rows(workers, wall, rows)
         for _, _, key, spent in links:
@@ -175,8 +169,6 @@ class StepAnatomy:
         key = keys.get((under, path, suffix))
         if key is None:
             key = keys[(under, path, suffix)] = f"{PREFIX}{under}{_unreserved(path)}{suffix}"
-            if not under and suffix == "/seconds":
-                self._seconds_keys[path] = key
         return key
 
     def _reading(self, now: float, ident: int) -> _Mark:

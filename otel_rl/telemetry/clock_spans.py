@@ -77,7 +77,8 @@ class ClockSpans:
         self._waiting: dict[int, list[ClosedTimer]] = {}
         #: One attributes object per thread (encoded once per line of the file).
         self._thread_attributes: dict[int, dict[str, Any]] = {}
-        self._overflowed = False
+        self._overflowed = False  # the clock's records, said once
+        self._steps_overflowed = False  # the steps queued, said once
         trace_file.add_source(self.spans)
 
     def take(self, step: int) -> None:
@@ -108,8 +109,8 @@ class ClockSpans:
         if sealer[0] != ident:
             sealer = self._sealer = (ident, threading.current_thread().name)
         sealed = self._sealed
-        if len(sealed) == sealed.maxlen and not self._overflowed:
-            self._overflowed = True
+        if len(sealed) == sealed.maxlen and not self._steps_overflowed:
+            self._steps_overflowed = True
             _log.warning("otel-rl: %d steps waited for the trace file's thread: the oldest have "
                          "no spans", len(sealed))
         sealed.append((step, epochs, start, end, sealer))

@@ -432,7 +432,7 @@ class TimerFactory:
         self._known: dict[str, Timer] = {}
         #: ``{name: Timer}`` of the timers that can be handed out again (untraced, a Timer has
         #: no state: one per name); a caller may look a name up here first.
-        self.shared: dict[str, Timer] = {}
+        self.shared: dict[str, Timer] = self._known if tracer is None else {}
         self._overflowed = False
 
     def timer(self, name: str) -> Timer:
@@ -451,8 +451,6 @@ class TimerFactory:
         timer = Timer(self._done.append, key, name, self._tracer, self._span_attributes,
                       self._clock)  # fmt: skip
         self._known[name] = timer
-        if self._tracer is None:
-            self.shared[name] = timer
         return timer
 
     def take(self) -> list[tuple[str, float]]:
