@@ -325,7 +325,7 @@ def _todays_deliver(
 
 def todays_replay(log_dir: Path) -> list[dict[str, Any]]:
     """Every spool of ``log_dir`` replayed as before: load everything, sort, deliver."""
-    from otel_rl.cli import replay as ours
+    from otel_rl.run import replay as ours
     from otel_rl.config.loading import resolve_settings
     from otel_rl.delivery.registry import exporter_class
     from otel_rl.delivery.spool import DoneMarks, SpoolLock
@@ -374,7 +374,7 @@ def _child(which: str, log_dir: Path) -> None:
     """One replay in this process; prints what it did, its time and its peak memory."""
     started = time.perf_counter()
     if which == "ours":
-        from otel_rl.cli.replay import replay
+        from otel_rl.run.replay import replay
 
         results = [{"tracker": r.tracker, "pending": r.pending, "delivered": r.delivered,
                     "error": r.error} for r in replay(log_dir, progress=False)]  # fmt: skip

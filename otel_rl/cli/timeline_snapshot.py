@@ -23,7 +23,7 @@ def time_table(log_dir: Path) -> tuple[list[list[object]], list[str]]:
     """Where the run's time went (``otel-rl why``'s table) as rows of a table of two columns,
     ``part`` and ``value`` (the part names its unit), and as its lines; none for a run without
     anatomy rows."""
-    from otel_rl.cli.why import WhyError, explain
+    from otel_rl.analysis.why import WhyError, explain
 
     try:
         spent = explain(log_dir).time_spent

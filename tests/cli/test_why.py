@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from otel_rl import Logger
-from otel_rl.cli.why import duration, explain, percent, step_ranges, times
+from otel_rl.analysis.why import duration, explain, percent, step_ranges, times
 from otel_rl.distributed.worker import WorkerMetrics
 from testkit.readers import anatomy_phases, jsonl_rows, rows_by_step
 

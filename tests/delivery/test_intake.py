@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from otel_rl import Logger
-from otel_rl.cli.replay import replay
+from otel_rl.run.replay import replay
 from otel_rl.delivery.frames import encode_frame
 from otel_rl.delivery.intake import complete_spools, highest_frame
 from otel_rl.delivery.spool import handoff_dir, spool_root, waiting_records

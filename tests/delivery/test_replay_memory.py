@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.replay_drain import build_backlog, replay_in_a_process, todays_order, todays_scan
-from otel_rl.cli import replay as replay_module
-from otel_rl.cli.replay import replay
+from otel_rl.delivery import replay_plan
+from otel_rl.run.replay import replay
 from otel_rl.core.records import Event, Hyperparams, Plot, StepBatch, Table
 from otel_rl.delivery.spool import (
     _STEP_LINE,
@@ -54,7 +54,7 @@ SMALL = {"_MAX_RUNS": 3, "_CHUNK_ENTRIES": 5, "_MERGE_FAN_IN": 2, "_READ_ENTRIES
 def thresholds(request, monkeypatch):
     if request.param == "small":
         for name, value in SMALL.items():
-            monkeypatch.setattr(replay_module, name, value)
+            monkeypatch.setattr(replay_plan, name, value)
     return request.param
 
 
@@ -150,7 +150,7 @@ def _check_against_before(directory: Path, known_end: int = 0) -> list[int]:
     records, skipped, sealed, _ = todays_scan(directory, known_end)
     done_before, sendable = todays_order(records, sealed)
     acks = read_acks(directory)
-    plan = replay_module._Plan(directory, acks, known_end)
+    plan = replay_plan.ReplayPlan(directory, acks, known_end)
     try:
         sent = list(plan.records(SeqSet()))
     finally:
@@ -296,9 +296,9 @@ def test_steps_that_go_back_and_other_axes_arrive_merged_in_step_order(tmp_path,
 def test_a_backlog_whose_steps_go_back_at_every_record_is_sorted_on_disk(tmp_path, monkeypatch):
     """Past the runs read in place, the rest is sorted on disk in chunks and merged in rounds:
     every record once, in step order, and no temporary file left."""
-    monkeypatch.setattr(replay_module, "_MAX_RUNS", 4)
-    monkeypatch.setattr(replay_module, "_CHUNK_ENTRIES", 50)
-    monkeypatch.setattr(replay_module, "_MERGE_FAN_IN", 3)
+    monkeypatch.setattr(replay_plan, "_MAX_RUNS", 4)
+    monkeypatch.setattr(replay_plan, "_CHUNK_ENTRIES", 50)
+    monkeypatch.setattr(replay_plan, "_MERGE_FAN_IN", 3)
     log_dir = tmp_path / "logs"
     directory = _spool(log_dir)
     steps = list(range(2000))
@@ -320,7 +320,7 @@ def test_descending_steps_with_the_default_thresholds(tmp_path):
     """Steps that go back at every record, beyond the default runs and one chunk in memory."""
     log_dir = tmp_path / "logs"
     directory = _spool(log_dir)
-    count = replay_module._CHUNK_ENTRIES + 500
+    count = replay_plan._CHUNK_ENTRIES + 500
     _write(directory, [_step(s, seal=count - s) for s in reversed(range(count))])
     _meta(directory, log_dir)
     (result,) = replay(log_dir, progress=False)
@@ -465,7 +465,8 @@ def test_a_replay_killed_part_way_through_a_merge_converges_to_exactly_once(tmp_
     child = textwrap.dedent(f"""
         import sys
         from otel_rl.cli import replay
-        replay._MAX_RUNS, replay._CHUNK_ENTRIES, replay._MERGE_FAN_IN = 8, 1000, 4
+        from otel_rl.delivery import replay_plan
+        replay_plan._MAX_RUNS, replay_plan._CHUNK_ENTRIES, replay_plan._MERGE_FAN_IN = 8, 1000, 4
         sys.exit(replay.run({str(log_dir)!r}, progress=False))
     """)
     jsonl = log_dir / "metrics.jsonl"

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from otel_rl import Logger
-from otel_rl.cli.replay import replay
+from otel_rl.run.replay import replay
 from otel_rl.delivery.spool import (
     handoff_dir,
     read_acks,

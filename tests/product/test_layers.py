@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Bottom to top. ``sources`` are the folders that bring data into a run; ``logger`` is the
 #: facade module, ``otel_rl/__init__.py`` names it lazily.
 LAYERS = (
-    "core", "process", "delivery", "telemetry", "exporters", "sources", "timeline", "config", "run",
-    "logger", "compat", "cli",
+    "core", "process", "delivery", "telemetry", "exporters", "sources", "analysis", "timeline",
+    "config", "run", "logger", "compat", "cli",
 )  # fmt: skip
 SOURCES = frozenset({"distributed", "ray", "rollout", "watch"})
 
