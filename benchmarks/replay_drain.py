@@ -325,10 +325,10 @@ def _todays_deliver(
 
 def todays_replay(log_dir: Path) -> list[dict[str, Any]]:
     """Every spool of ``log_dir`` replayed as before: load everything, sort, deliver."""
-    from otel_rl.run import replay as ours
     from otel_rl.config.loading import resolve_settings
     from otel_rl.delivery.registry import exporter_class
     from otel_rl.delivery.spool import DoneMarks, SpoolLock
+    from otel_rl.run import replay as ours
 
     log_dir = log_dir.absolute()
     results = []

@@ -199,7 +199,7 @@ class StepColumns:
 
 
 @dataclass
-class Skipped:
+class SkippedLines:
     """Lines of a file that are not rows: their numbers, and a torn last line."""
 
     name: str
@@ -222,7 +222,7 @@ class Skipped:
         return notes
 
 
-def json_lines(path: Path, skipped: Skipped) -> Iterator[tuple[int, dict[str, Any]]]:
+def json_lines(path: Path, skipped: SkippedLines) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` of each JSON object line of ``path``, streamed; other lines are
     counted in ``skipped``."""
     with path.open("rb") as f:
@@ -246,7 +246,7 @@ _KEPT_PAIR = re.compile(
 )
 
 
-def read_metrics(path: Path) -> tuple[StepColumns, Skipped]:
+def read_metrics(path: Path) -> tuple[StepColumns, SkippedLines]:
     """The kept rows of every step of ``metrics.jsonl``; rows on another x-axis (the GPU
     bridge's) are not steps and are counted apart. Of a relaunched run, the latest attempt of
     each step (``otel_rl.core.attempts``): a resume record takes out the rows it supersedes.
@@ -255,7 +255,7 @@ def read_metrics(path: Path) -> tuple[StepColumns, Skipped]:
     keeps are a few of a row's hundred keys, and decoding the rest is most of the time); any
     other line (another layout, a last line without its newline) is decoded as JSON."""
     table = StepColumns()
-    skipped = Skipped(path.name)
+    skipped = SkippedLines(path.name)
     keys: dict[bytes, str | None] = {}
     runs: dict[bytes | None, str] = {}
     wanted: dict[str, bool] = {}
@@ -331,7 +331,7 @@ def _kept_pairs(raw: bytes, start: int, keys: dict[bytes, str | None]) -> Iterat
             yield key, float(value)
 
 
-def _json_line(raw: bytes, number: int, skipped: Skipped) -> dict[str, Any] | None:
+def _json_line(raw: bytes, number: int, skipped: SkippedLines) -> dict[str, Any] | None:
     """A line decoded as a JSON object, or ``None`` (counted in ``skipped``; a last line without
     its newline that does not decode is a torn end)."""
     if not raw.strip():

@@ -21,7 +21,6 @@ supersedes are left out, and the answer says where each attempt resumed and how 
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,11 +43,12 @@ from otel_rl.analysis.metrics_rows import (
     STRAGGLER_EVENT,
     TIMING,
     WALL_KEY,
-    Skipped,
+    SkippedLines,
     StepColumns,
     json_lines,
     read_metrics,
 )
+from otel_rl.watch.stalls import NotAStallReport, StallFile
 
 __all__ = ["Answer", "WhyError", "duration", "explain", "percent", "step_ranges", "times"]
 
@@ -153,7 +153,7 @@ class ReducedTiming:
 
 
 @dataclass
-class StepAnatomy:
+class AnatomyOfStep:
     step: int
     seconds: float
     median: float
@@ -216,7 +216,7 @@ class Stall:
 
 
 @dataclass
-class Straggler:
+class StragglerSeen:
     step: int | None
     text: str
 
@@ -287,9 +287,9 @@ class Answer:
     measured_by: str
     median: float | None
     slowest: list[SlowStep]
-    anatomy: StepAnatomy | None
+    anatomy: AnatomyOfStep | None
     stalls: list[Stall]
-    stragglers: list[Straggler]
+    stragglers: list[StragglerSeen]
     notes: list[str]
     #: A relaunched run's resume points and the rows of earlier attempts they superseded.
     attempts: Attempts = field(default_factory=lambda: Attempts([], []))
@@ -549,7 +549,7 @@ def _median(table: StepColumns, key: str) -> float:
 def _anatomy(
     table: StepColumns, step: int, times: Sequence[float], median: float | None,
     measured_by: str, phases: Mapping[str, str],
-) -> StepAnatomy:  # fmt: skip
+) -> AnatomyOfStep:  # fmt: skip
     slot = table.slots[step]
     reduced = _reduced_timings(table, slot)
     leaves = {_leaf(key): value for key, value in reduced.items()}
@@ -581,7 +581,7 @@ def _anatomy(
         for key, (seconds, rank, skew) in reduced.items()
         if _leaf(key) not in matched
     ]
-    return StepAnatomy(
+    return AnatomyOfStep(
         step=step,
         seconds=times[slot],
         median=math.nan if median is None else median,
@@ -654,32 +654,29 @@ def _leaf(timing_key: str) -> str:
     return timing_key.rsplit(TIMING, 1)[-1]
 
 
-def _events_and_stalls(files: RunFiles) -> tuple[list[Stall], list[Straggler], list[str]]:
+def _events_and_stalls(files: RunFiles) -> tuple[list[Stall], list[StragglerSeen], list[str]]:
     notes: list[str] = []
     stalls: list[Stall] = []
     if files.stalls is not None and files.stalls.is_dir():
         for path in sorted(files.stalls.glob("*.json")):
             try:
-                report = json.loads(path.read_text(encoding="utf-8"))
+                stalls.append(_stall(StallFile.read(path)))
+            except NotAStallReport as exc:
+                notes.append(str(exc))
             except (OSError, ValueError) as exc:
                 notes.append(f"could not read the stall report {path}: {exc}")
-                continue
-            if isinstance(report, dict):
-                stalls.append(_stall(report, path))
-            else:
-                notes.append(f"{path} is not a stall report (not a JSON object)")
         stalls.sort(key=lambda s: (s.stalled_at or "", s.report))
 
-    stragglers: list[Straggler] = []
+    stragglers: list[StragglerSeen] = []
     stall_events: list[Stall] = []
     if files.events.is_file():
-        skipped = Skipped(files.events.name)
+        skipped = SkippedLines(files.events.name)
         try:
             for _, event in json_lines(files.events, skipped):
                 step = event.get("step") if type(event.get("step")) is int else None
                 text = str(event.get("text") or event.get("title") or "")
                 if event.get("event") == STRAGGLER_EVENT:
-                    stragglers.append(Straggler(step, text))
+                    stragglers.append(StragglerSeen(step, text))
                 elif event.get("event") != STALL_EVENT:
                     continue
                 elif event.get("level") != "info":
@@ -705,48 +702,32 @@ def _iso(unix: float) -> str:
     )
 
 
-def _stall(report: Mapping[str, Any], path: Path) -> Stall:
-    verdict = report.get("verdict")
-    text = verdict.get("text") if isinstance(verdict, Mapping) else None
-    if not text:
-        text = report.get("summary") or _summary(report)
-    ended = report.get("ended")
-    last = report.get("last_step")
-    seconds = ended.get("seconds") if isinstance(ended, Mapping) else None
-    over = type(seconds) in (int, float)
-    if not over:
-        seconds = report.get("seconds_since_step")
-    attempt = report.get("attempt")
+def _stall(report: StallFile) -> Stall:
+    text = report.verdict or report.summary or _summary(report)
+    over = report.ended_seconds is not None
     return Stall(
-        report=str(path),
-        stalled_at=str(report["stalled_at"]) if report.get("stalled_at") else None,
-        last_step=last if type(last) is int else None,
-        text=str(text),
-        ended=str(ended.get("summary")) if isinstance(ended, Mapping) else None,
-        seconds=float(seconds) if isinstance(seconds, (int, float)) and seconds >= 0 else None,
+        report=report.path,
+        stalled_at=report.stalled_at,
+        last_step=report.last_step,
+        text=text,
+        ended=report.ended,
+        seconds=report.ended_seconds if over else report.since_step,
         over=over,
-        attempt=attempt if type(attempt) is int else 1,
+        attempt=report.attempt,
     )
 
 
-def _summary(report: Mapping[str, Any]) -> str:
+def _summary(report: StallFile) -> str:
     """A report without a verdict in words: how long, the threshold, the open timers."""
     text = "no step"
-    since, threshold = report.get("seconds_since_step"), report.get("threshold_seconds")
-    if isinstance(since, (int, float)):
-        text += f" for {duration(float(since))}"
-    if isinstance(threshold, (int, float)):
-        text += f" (threshold {duration(float(threshold))})"
-    timers = report.get("open_timers")
-    if isinstance(timers, Mapping):
-        where = [
-            f"{thread}: {' > '.join(str(t.get('name')) for t in stack if isinstance(t, Mapping))}"
-            for thread, stack in timers.items()
-            if isinstance(stack, list) and stack
-        ]
-        if where:
-            text += "; open timers: " + "; ".join(where)
-    stragglers = report.get("stragglers")
-    if isinstance(stragglers, list) and stragglers:
-        text += f"; {stragglers[0]}"
+    if report.since_step is not None:
+        text += f" for {duration(report.since_step)}"
+    if report.threshold is not None:
+        text += f" (threshold {duration(report.threshold)})"
+    where = [f"{thread}: {' > '.join(names)}" for thread, names in report.open_timers.items()
+             if names]  # fmt: skip
+    if where:
+        text += "; open timers: " + "; ".join(where)
+    if report.stragglers:
+        text += f"; {report.stragglers[0]}"
     return text

@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
@@ -157,6 +158,8 @@ class DeliveryChild:
             if lost:
                 say.say_lost_on_the_way(name, lost)
         status.wait_said(deadline.at + 0.95 * SHUTDOWN_GRACE)
+        # No thread of the link outlives it: the child, which said it finished, exits now.
+        status.join(min(deadline.at + 0.95 * SHUTDOWN_GRACE, time.monotonic() + CHILD_GRACE))
 
     def _gone(self) -> None:
         """The status pipe ended: the child exited (or was killed). Before it started, that is

@@ -43,9 +43,10 @@ class StatusReader:
         #: Each tracker's spool folder in the child (None: no spool), known once it started.
         self.spool_dirs: dict[str, Path | None] = {}
         # The child's log lines, heard by the status thread and said by a thread of their own.
-        self._lines: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+        self._lines: queue.SimpleQueue[tuple[int, str] | None] = queue.SimpleQueue()
         self._lines_heard = self._lines_said = 0
         self._saying: threading.Thread | None = None
+        self._reading: threading.Thread | None = None
         self._cores: frozenset[int] | None = None
 
     def fileno(self) -> int:
@@ -58,8 +59,9 @@ class StatusReader:
         end (the child is gone), ``on_end()``, then ``finished`` is set."""
         self._cores = cores
         self._file = os.fdopen(fd, "rb")
-        threading.Thread(target=self._read, args=(on_end,), name="otel-rl-delivery-status",
-                         daemon=True).start()  # fmt: skip
+        self._reading = threading.Thread(target=self._read, args=(on_end,),
+                                         name="otel-rl-delivery-status", daemon=True)
+        self._reading.start()
 
     def _read(self, on_end: Callable[[], None]) -> None:
         keep_to(self._cores)
@@ -72,6 +74,7 @@ class StatusReader:
             self._on_status(message)
         on_end()
         self._file.close()  # its end was read: nothing more can come
+        self._lines.put(None)  # the lines' thread ends once it said the lines before this
         self.finished.set()
         with self._state.cond:
             self._state.cond.notify_all()
@@ -114,9 +117,19 @@ class StatusReader:
         slow handler of the user's delays the lines, never the counters or the end of the run."""
         keep_to(self._cores)
         while True:
-            level, text = self._lines.get()
+            line = self._lines.get()
+            if line is None:  # the status pipe ended: no line can come any more
+                return
+            level, text = line
             _log.log(level, "%s", text)
             self._lines_said += 1
+
+    def join(self, until: float) -> None:
+        """Wait until the status pipe has ended (the child exited) and its threads with it, or
+        the monotonic ``until``: a child slow to exit is left to end on its own."""
+        for thread in (self._reading, self._saying):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(max(0.0, until - time.monotonic()))
 
     def wait_said(self, until: float) -> None:
         """Wait until the child's log lines heard so far are said, or the monotonic ``until``."""

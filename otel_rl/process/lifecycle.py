@@ -78,6 +78,8 @@ __all__ = [
 
 #: How often a deferred signal is re-sent to the main thread (seconds).
 RETRY_S = 0.01
+#: How long ``finish()`` waits for the re-send thread to end (it ends within ``RETRY_S``).
+RETRY_JOIN_S = 0.5
 #: How long a signal waits for a call into otel-rl that is blocked waiting (``flush()``, a full
 #: ``block`` queue, a collective) before it is raised at the waiting call.
 PATIENCE_S = 3.0
@@ -497,9 +499,12 @@ def _stop_retry_thread() -> None:
     fd = _retry["wake"]
     if fd is None or _retry["pid"] != os.getpid():
         return
+    thread = _retry["thread"]
     _retry.update(thread=None, wake=None, pid=None)
     with contextlib.suppress(OSError):
         os.close(fd)
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(RETRY_JOIN_S)  # it reads the end of the pipe at once, or ends its re-send
 
 
 def _wake_retry() -> None:

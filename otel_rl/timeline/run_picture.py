@@ -23,6 +23,7 @@ from otel_rl.telemetry.trace_file import read_requests, tail_lines
 from otel_rl.telemetry.tracing import STEP_ATTRIBUTE, STEP_SPAN
 from otel_rl.watch.job_state import DirectoryBoard, JobStates
 from otel_rl.watch.job_verdict import job_verdict
+from otel_rl.watch.stalls import StallFile
 
 _GPU_UTIL = re.compile(r"^ray/node\.(?P<node>[^.]+)\.gpu\.(?P<gpu>.+)\.util$")
 _ANATOMY_PHASE = re.compile(r"^anatomy/(?P<phase>[^/]+(?:/[^/]+)*)/seconds$")
@@ -74,7 +75,10 @@ class Step:
 
 
 @dataclass
-class Stall:
+class StallSpan:
+    """A stall on the picture: from the end of the last step before it to the next step (``end``
+    ``None``: it never ended), read from its report (:class:`~otel_rl.watch.stalls.StallFile`)."""
+
     start: float
     end: float | None
     last_step: int | None
@@ -103,7 +107,7 @@ class RunPicture:
     lanes: list[Lane]
     spans: list[Span]
     steps: list[Step]
-    stalls: list[Stall]
+    stalls: list[StallSpan]
     #: "node n · GPU i" → [(seconds since t0, utilisation %)].
     gpus: dict[str, list[tuple[float, float]]]
     places: list[Places] = field(default_factory=list)
@@ -119,7 +123,7 @@ def load_run(log_dir: str | Path, tail_bytes: int | None = None) -> RunPicture:
     stall_reports = _stall_reports(root / "stalls")
     starts = [s["start"] for s in raw_spans]
     starts += [r["time"] for r in rows]
-    starts += [s["start"] for s in stall_reports]
+    starts += [_start(s) for s in stall_reports]
     t0 = min(starts, default=0.0)
 
     lanes: list[Lane] = []
@@ -153,17 +157,17 @@ def load_run(log_dir: str | Path, tail_bytes: int | None = None) -> RunPicture:
     return RunPicture(root, t0, lanes, spans, steps, stalls, _gpus(rows, t0), places)
 
 
-def _stall(report: Mapping[str, Any], steps: list[Step], t0: float) -> Stall:
+def _stall(report: StallFile, steps: list[Step], t0: float) -> StallSpan:
     """A stall runs from the end of the last step before it to the next step. A report with its
     times in whole seconds only starts at that step's end, where the run has it."""
-    start = report["start"] - t0
-    last = next((s for s in steps if s.step == report["last_step"]), None)
-    if not report["precise"] and last is not None and abs(last.end - start) < 2.0:
+    start = _start(report) - t0
+    last = next((s for s in steps if s.step == report.last_step), None)
+    if not report.precise and last is not None and abs(last.end - start) < 2.0:
         start = last.end
-    seconds = report["seconds"]
-    return Stall(start, None if seconds is None else start + seconds, report["last_step"],
-                 report["verdict"], report["report"], report["attempt"],
-                 lasted=report["lasted"])  # fmt: skip
+    seconds = report.ended_seconds
+    return StallSpan(start, None if seconds is None else start + seconds, report.last_step,
+                 report.verdict, report.path, report.attempt,
+                 lasted=report.since_step or 0.0)  # fmt: skip
 
 
 def _process_name(resource: Mapping[str, Any]) -> str:
@@ -266,47 +270,35 @@ def _gpus(rows: Iterable[dict[str, Any]], t0: float) -> dict[str, list[tuple[flo
     return series
 
 
-def _stall_reports(folder: Path) -> list[dict[str, Any]]:
+def _stall_reports(folder: Path) -> list[StallFile]:
+    """The stall reports that say when their stall began."""
     found = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            report = json.loads(path.read_text())
-            at = report.get("stalled_at_unix")
-            precise = type(at) in (int, float)
-            if not precise:  # a report of a release before it: whole seconds
-                at = datetime.fromisoformat(report["stalled_at"]).timestamp()
-            start = at - float(report.get("seconds_since_step") or 0.0)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            report = StallFile.read(path)
+        except (OSError, ValueError):
             continue
-        if not math.isfinite(start):
-            continue
-        ended = report.get("ended")
-        seconds = ended.get("seconds") if isinstance(ended, dict) else None
-        verdict = report.get("verdict")
-        verdict = verdict.get("text") if isinstance(verdict, dict) else verdict
-        last, attempt = report.get("last_step"), report.get("attempt")
-        lasted = report.get("seconds_since_step")
-        job = report.get("job")
-        found.append({"start": start, "verdict": str(verdict or ""),
-                      "job": job if isinstance(job, dict) else None,
-                      "attempt": attempt if type(attempt) is int else 1, "precise": precise,
-                      "lasted": float(lasted) if type(lasted) in (int, float) else 0.0,
-                      "seconds": float(seconds) if isinstance(seconds, (int, float)) else None,
-                      "last_step": last if isinstance(last, int) else None,
-                      "report": str(path)})  # fmt: skip
+        if report.began is not None:
+            found.append(report)
     return found
 
 
-def _places(reports: list[dict[str, Any]], job_dir: Path, t0: float) -> list[Places]:
+def _start(report: StallFile) -> float:
+    """When the stall began: the end of the last step before it (Unix time)."""
+    assert report.began is not None
+    return report.began - (report.since_step or 0.0)
+
+
+def _places(reports: list[StallFile], job_dir: Path, t0: float) -> list[Places]:
     """Where the job's processes were: as the verdict of the run's last stall that has one names
     them, and as each last published (``<log_dir>/job/``, compared as of the last of them)."""
     places = []
-    judged = [r for r in reports if r["job"] is not None]
+    judged = [r for r in reports if r.job is not None]
     if judged:
-        last = max(judged, key=lambda r: r["start"])
-        after = "before the first step" if last["last_step"] is None else (
-            f"after step {last['last_step']}")  # fmt: skip
-        places.append(_job_places(last["job"], f"at the stall {after}"))
+        last = max(judged, key=_start)
+        after = "before the first step" if last.last_step is None else (
+            f"after step {last.last_step}")  # fmt: skip
+        places.append(_job_places(last.job or {}, f"at the stall {after}"))
     found = JobStates()
     found.states = [s for s in DirectoryBoard(job_dir, started=0.0).read()[0]
                     if s["published"] >= t0]  # fmt: skip
@@ -323,6 +315,7 @@ def _job_places(job: Mapping[str, Any], when: str) -> Places:
     named = {(p.get("pid"), p.get("node")): p.get("last_heard")
              for key in ("odd_ones_out", "not_heard_from")
              for p in _dicts(job.get(key))}  # fmt: skip
+    ended = {(p.get("pid"), p.get("node")): p.get("ended") for p in _dicts(job.get("ended"))}
     rows = []
     for process in _dicts(job.get("processes")):
         phase, wait, at = process.get("phase"), process.get("wait"), process.get("at")
@@ -332,6 +325,8 @@ def _job_places(job: Mapping[str, Any], when: str) -> Places:
         key = (process.get("pid"), process.get("node"))
         if named.get(key):
             where.append(f"not heard from since {named[key]}")
+        elif ended.get(key):
+            where.append(f"finished its run at {ended[key]}")
         step = process.get("step")
         rows.append((str(process.get("name")), "" if step is None else str(step),
                      ", ".join(w for w in where if w), key in named))  # fmt: skip

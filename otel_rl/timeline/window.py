@@ -8,7 +8,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from otel_rl.timeline.run_picture import RunPicture, Span, Stall, Step
+from otel_rl.timeline.run_picture import RunPicture, Span, StallSpan, Step
 
 #: Steps shown on each side of the slowest one when no range is asked for.
 AROUND = 2
@@ -20,7 +20,7 @@ class Window:
     start: float
     end: float
     spans: list[Span]
-    stalls: list[Stall]
+    stalls: list[StallSpan]
     gpus: dict[str, list[tuple[float, float]]]
 
 
@@ -86,7 +86,7 @@ def choose(picture: RunPicture, steps: tuple[int, int] | None = None) -> Window:
 
 
 def spans_of(
-    picture: RunPicture, steps: Sequence[Step], stalls: Sequence[Stall] = ()
+    picture: RunPicture, steps: Sequence[Step], stalls: Sequence[StallSpan] = ()
 ) -> list[Span]:
     """The spans of ``steps``, each at the launch the step is shown at (an earlier launch that
     ran it too is left out), and the spans of no known step within their time or a stall's (a
@@ -124,11 +124,11 @@ def overlapping(times: Iterable[tuple[float, float]]) -> Callable[[float, float]
     return test
 
 
-def _longest_stall(picture: RunPicture) -> Stall | None:
+def _longest_stall(picture: RunPicture) -> StallSpan | None:
     return max(picture.stalls, key=lambda s: stall_seconds(s, picture), default=None)
 
 
-def stall_seconds(stall: Stall, picture: RunPicture) -> float:
+def stall_seconds(stall: StallSpan, picture: RunPicture) -> float:
     """A stall's length; one that never ended lasts until the last thing the run recorded."""
     if stall.end is not None:
         return stall.end - stall.start

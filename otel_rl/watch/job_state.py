@@ -264,7 +264,7 @@ class Board(Protocol):
 MAX_STATE_BYTES = 64 * 1024
 
 _TEXTS = ("role", "node", "actor", "node_id", "actor_id", "ip", "phase", "at", "run_id", "job")
-_NUMBERS = ("published", "every", "step_at", "phase_since", "at_since")
+_NUMBERS = ("published", "every", "step_at", "phase_since", "at_since", "ended")
 _INTEGERS = ("pid", "rank", "world_rank", "world_size", "step", "attempt")
 
 
@@ -536,6 +536,11 @@ class JobStates:
 class StatePublisher:
     """This process's state, published to the job's boards on a daemon thread.
 
+    A ``Logger`` holds it from its start to its ``finish()`` (:meth:`hold`, :meth:`release`): when
+    the last one finishes, the state is published once more, saying when the process ended
+    (``ended``), and the thread stops. A worker (``WorkerMetrics``, a drop-in's timer) has no end:
+    once one publishes, the thread runs for the life of the process.
+
     ``activity`` returns ``(last step, its Unix time)``. ``boards`` finds the boards each time
     (a process group may be set up after the logger); ``directory`` adds a shared
     directory board. ``role`` and ``rank`` name the process (default: its process-group rank),
@@ -553,6 +558,11 @@ class StatePublisher:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._directory: DirectoryBoard | None = None
+        #: Loggers that have not finished; a worker's use is for the process's life.
+        self._holders = 0
+        self._for_life = False
+        #: Unix time the last Logger finished (the thread's last publication says it).
+        self._ended: float | None = None
         self.adopt(activity, **given)
 
     def adopt(
@@ -580,6 +590,30 @@ class StatePublisher:
         self._thread = threading.Thread(target=self._run, name="otel-rl-job-state", daemon=True)
         self._thread.start()
 
+    def hold(self) -> None:
+        """A ``Logger`` starts using the publisher (registry lock held)."""
+        self._holders += 1
+
+    def keep_for_life(self) -> None:
+        """A worker uses it: it publishes until the process ends (registry lock held)."""
+        self._for_life = True
+
+    def release(self, timeout: float) -> None:
+        """A ``Logger`` finished. The last one: the thread publishes the state once more, with
+        ``ended``, and stops; waited for up to ``timeout`` seconds (a board that does not answer
+        keeps it, never the caller)."""
+        with _PUBLISHERS_LOCK:
+            self._holders -= 1
+            if self._holders > 0 or self._for_life:
+                return
+            if _PUBLISHERS.get(self._pid) is self:
+                del _PUBLISHERS[self._pid]  # the process's next Logger starts a new one
+            self._ended = time.time()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, timeout))
+
     def boards(self) -> list[Any]:
         found: list[Any] = []
         for board in (RayBoard.of_this_job(), TorchStoreBoard.of_this_job()):
@@ -597,7 +631,10 @@ class StatePublisher:
             step, step_at = self._activity()
             identity = {**_identity(self._role, self._rank), **self._of_run,
                         "job": boards[0].job if boards else None}  # fmt: skip
-            return process_state(identity, step, step_at, self._since)
+            state = process_state(identity, step, step_at, self._since)
+            if self._ended is not None:
+                state["ended"] = self._ended
+            return state
 
     def publish(self) -> None:
         """One publication, on the calling thread (the publisher's own, or a stall report's)."""
@@ -689,7 +726,7 @@ class StatePublisher:
             found = self.read(timeout=max(0.5, deadline - time.monotonic()))
             now = time.time()
             stale = [s for s in found.states
-                     if float(s.get("published") or 0) < since
+                     if s.get("ended") is None and float(s.get("published") or 0) < since
                      and now - float(s.get("published") or 0) <= SILENT_AFTER]  # fmt: skip
             if not stale or time.monotonic() + 0.5 > deadline:
                 return found
@@ -720,12 +757,16 @@ class StatePublisher:
     def _run(self) -> None:
         # Not at once: the process is still starting this thread, and would be told waiting
         # for it.
-        time.sleep(FIRST_AFTER)
-        while True:  # for the life of the process (a daemon thread)
+        self._wake.wait(FIRST_AFTER)
+        self._wake.clear()
+        while True:  # until the last Logger finished (a worker's: the life of the process)
+            ended = self._ended is not None
             try:
                 self.publish()
             except Exception as exc:  # the publisher must outlive any bug of its own
                 _log.warning("otel-rl: job state: %s: %s", type(exc).__name__, exc)
+            if ended:
+                return
             wait = PUBLISH_EVERY
             with contextlib.suppress(Exception):
                 due = self._next_deadline()
@@ -759,7 +800,8 @@ def publisher_of_this_process(
 ) -> StatePublisher:
     """The process's one publisher (``options``: :class:`StatePublisher`'s), started on first
     use. A ``driver`` (a ``Logger``; the latest one) names the process and gives its steps, even
-    when a worker of the same process came first; a later worker leaves it as it is."""
+    when a worker of the same process came first, and holds it until it releases it at its
+    ``finish()``; a later worker leaves it as it is, and keeps it for the process's life."""
     pid = os.getpid()
     with _PUBLISHERS_LOCK:
         publisher = _PUBLISHERS.get(pid)
@@ -770,6 +812,10 @@ def publisher_of_this_process(
             publisher.start()
         elif driver:  # the latest Logger of the process
             publisher.adopt(activity, **options)
+        if driver:
+            publisher.hold()
+        else:
+            publisher.keep_for_life()
         return publisher
 
 

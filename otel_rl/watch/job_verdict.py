@@ -31,6 +31,8 @@ class JobVerdict:
     processes: list[dict[str, Any]] = field(default_factory=list)
     odd_ones_out: list[dict[str, Any]] = field(default_factory=list)
     not_heard_from: list[dict[str, Any]] = field(default_factory=list)
+    #: Processes whose run had finished (their last state says when).
+    ended: list[dict[str, Any]] = field(default_factory=list)
     #: Ranks that never published, and boards that could not be read.
     missing: list[str] = field(default_factory=list)
     #: What the sentence does not say: the boards that could not be read.
@@ -42,6 +44,7 @@ class JobVerdict:
             "processes": self.processes,
             "odd_ones_out": self.odd_ones_out,
             "not_heard_from": self.not_heard_from,
+            "ended": self.ended,
             "missing": self.missing,
         }
 
@@ -216,7 +219,11 @@ def job_verdict(found: JobStates, now: float) -> JobVerdict:
     verdict.unknown = list(found.unreadable)
     alive: list[dict[str, Any]] = []
     silent: list[dict[str, Any]] = []
+    ended: list[dict[str, Any]] = []
     for state in found.states:
+        if isinstance(state.get("ended"), (int, float)):
+            ended.append(state)
+            continue
         published = float(state.get("published") or 0)
         every = float(state.get("every") or 0)
         (silent if now - published > max(SILENT_AFTER, 4 * every) else alive).append(state)
@@ -232,6 +239,14 @@ def job_verdict(found: JobStates, now: float) -> JobVerdict:
             f"{_rank_name(state)} (pid {state.get('pid')} on {state.get('node')}) has not been "
             f"heard from since {_clock(published)} ({seconds(now - published)} ago), when it "
             + _where_is(state, published).split("; as it")[0]
+        )
+    for state in ended:
+        at, step = float(state["ended"]), state.get("step")
+        verdict.ended.append({**_summary(state, now), "ended": _clock(at)})
+        sentences.append(
+            f"{_rank_name(state)} (pid {state.get('pid')} on {state.get('node')}) finished its "
+            f"run at {_clock(at)} ({seconds(now - at)} ago)"
+            + ("" if step is None else f", after step {step}")
         )
     for rank in found.missing:
         verdict.missing.append(f"{rank} never published its state")

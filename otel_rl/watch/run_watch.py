@@ -186,6 +186,8 @@ class RunWatch:
         are still open), then OTLP's log records are sent within ``timeout``."""
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.job is not None:  # its last publication says this process ended
+            self.job.release(timeout)
         if self._log_records is not None:
             self._log_records.shutdown(timeout)
 

@@ -28,6 +28,7 @@ import contextlib
 import datetime
 import itertools
 import json
+import math
 import os
 import socket
 import statistics
@@ -49,6 +50,9 @@ __all__ = [
 
 #: Steps whose durations make the "median step time" of the threshold.
 RECENT_STEPS = 20
+#: The stall report's format (its ``version``); a report without one is of an older release
+#: (1: ``stalled_at`` in whole seconds only, before ``stalled_at_unix``).
+REPORT_VERSION = 2
 
 
 def seconds(value: float) -> str:
@@ -193,6 +197,7 @@ class StallReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "version": REPORT_VERSION,
             "run_id": self.run_id,
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -254,6 +259,96 @@ class StallReport:
         if self.ended is not None:
             lines += ["", f"{self.ended['summary']} (at {self.ended['at']})"]
         return "\n".join(lines) + "\n"
+
+
+class NotAStallReport(ValueError):
+    """A file among the stall reports that holds no report (JSON, but not an object)."""
+
+
+@dataclass
+class StallFile:
+    """A stall report as its readers see it (``otel-rl why``, the run's picture): read back from
+    its JSON file by :meth:`read`, the one place that knows the file's fields. Any version
+    reads: a field an older report lacks is ``None`` (or its default)."""
+
+    path: str
+    #: Unix time the stall was seen: to the microsecond (``precise``), else from the whole
+    #: seconds of ``stalled_at`` (reports of version 1); ``None`` when the report has neither.
+    began: float | None
+    precise: bool
+    stalled_at: str | None
+    last_step: int | None
+    attempt: int
+    #: Seconds without a step when the report was last written.
+    since_step: float | None
+    threshold: float | None
+    #: The verdict's sentence ("" when it had none), and a summary a report of an older
+    #: release may have in its place.
+    verdict: str
+    summary: str | None
+    #: Each thread's open timers, outermost first, by name.
+    open_timers: dict[str, list[str]]
+    stragglers: list[str]
+    #: The stall's end, once it ended: its summary and how long it lasted.
+    ended: str | None
+    ended_seconds: float | None
+    #: The job verdict's parts (``JobVerdict.to_json``), when the job was compared.
+    job: dict[str, Any] | None
+    version: int = 1
+
+    @classmethod
+    def read(cls, path: Path) -> StallFile:
+        """The report at ``path``; ``OSError`` when it cannot be read, ``ValueError`` when it is
+        not a stall report."""
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(raw, dict):
+            raise NotAStallReport(f"{path} is not a stall report (not a JSON object)")
+        return cls.from_json(raw, str(path))
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], path: str) -> StallFile:
+        stalled_at = raw.get("stalled_at")
+        unix = raw.get("stalled_at_unix")
+        at = float(unix) if isinstance(unix, (int, float)) and type(unix) is not bool else None
+        precise = at is not None and math.isfinite(at)
+        if not precise:
+            at = None
+            with contextlib.suppress(TypeError, ValueError, OverflowError, OSError):
+                at = datetime.datetime.fromisoformat(str(stalled_at)).timestamp()
+        verdict, ended, job = raw.get("verdict"), raw.get("ended"), raw.get("job")
+        timers = raw.get("open_timers")
+        stragglers = raw.get("stragglers")
+        return cls(
+            path=path, began=at, precise=precise,
+            stalled_at=None if stalled_at is None else str(stalled_at),
+            last_step=_integer(raw.get("last_step")),
+            attempt=_integer(raw.get("attempt")) or 1,
+            since_step=_seconds(raw.get("seconds_since_step")),
+            threshold=_seconds(raw.get("threshold_seconds")),
+            verdict=str((verdict.get("text") if isinstance(verdict, Mapping) else verdict) or ""),
+            summary=str(raw["summary"]) if raw.get("summary") else None,
+            open_timers={
+                str(thread): [str(t.get("name")) for t in stack if isinstance(t, Mapping)]
+                for thread, stack in (timers.items() if isinstance(timers, Mapping) else ())
+                if isinstance(stack, list)
+            },
+            stragglers=[str(s) for s in stragglers] if isinstance(stragglers, list) else [],
+            ended=str(ended.get("summary")) if isinstance(ended, Mapping) else None,
+            ended_seconds=_seconds(ended.get("seconds")) if isinstance(ended, Mapping) else None,
+            job=job if isinstance(job, dict) else None,
+            version=_integer(raw.get("version")) or 1,
+        )  # fmt: skip
+
+
+def _integer(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def _seconds(value: Any) -> float | None:
+    """A finite, non-negative number of seconds, else ``None``."""
+    if type(value) not in (int, float) or not 0 <= value < float("inf"):
+        return None
+    return float(value)
 
 
 def chain_lines(verdict: Mapping[str, Any]) -> Iterator[str]:

@@ -21,6 +21,8 @@ import pytest
 from otel_rl import Logger
 from otel_rl.analysis.why import duration, explain, percent, step_ranges, times
 from otel_rl.distributed.worker import WorkerMetrics
+from otel_rl.timeline.run_picture import load_run
+from otel_rl.watch.stalls import StallFile
 from testkit.readers import anatomy_phases, jsonl_rows, rows_by_step
 
 CLI = [sys.executable, "-m", "otel_rl.cli"]
@@ -359,6 +361,48 @@ def test_a_real_stall_report_and_its_end(log_dir):
     assert (
         f"  no stall report found; the stalls listed are the events of {log_dir / 'events.jsonl'}"
     ) in out
+
+
+def test_a_stall_report_reads_back_in_one_reader_at_every_version(log_dir):
+    """The watchdog's report is read by one class, :class:`StallFile`, for ``why`` and for the
+    run's picture: each field as written. A report of version 1 (an older release: no
+    ``version``, its time in whole seconds, no ``stalled_at_unix``) reads in both, the picture
+    placing the stall at the end of its last step."""
+    cfg = {"log_dir": str(log_dir), "stalls": {"after": 0.3, "factor": 1.0}}
+    with Logger(cfg) as logger:
+        for step in range(4):
+            with logger.timer("generation"):
+                time.sleep(1.0 if step == 2 else 0.02)
+            logger.log_metrics({"loss": 1.0}, step=step)
+    (path,) = sorted((log_dir / "stalls").glob("*.json"))
+    raw = json.loads(path.read_text())
+    read = StallFile.read(path)
+    assert (read.version, raw["version"]) == (2, 2)
+    assert read.precise and read.began == raw["stalled_at_unix"]
+    assert (read.last_step, read.attempt, read.stalled_at) == (1, 1, raw["stalled_at"])
+    assert read.since_step == raw["seconds_since_step"]
+    assert read.threshold == raw["threshold_seconds"]
+    assert read.verdict == raw["verdict"]["text"] and read.verdict
+    assert read.open_timers == {"MainThread": ["generation"]}
+    assert read.ended == raw["ended"]["summary"]
+    assert read.ended_seconds == raw["ended"]["seconds"] > 0.3
+    picture = load_run(log_dir)
+    (stall,) = picture.stalls
+    assert stall.verdict == read.verdict and stall.last_step == 1
+    assert stall.end - stall.start == pytest.approx(read.ended_seconds)
+    before = why(log_dir).stdout
+
+    older = {k: v for k, v in raw.items() if k not in ("version", "stalled_at_unix")}
+    assert raw["stalled_at"].endswith("+00:00")  # whole seconds, as version 1 wrote it
+    path.write_text(json.dumps(older))
+    read = StallFile.read(path)
+    assert (read.version, read.precise, read.last_step) == (1, False, 1)
+    assert read.began == pytest.approx(raw["stalled_at_unix"], abs=1.0)
+    older_picture = load_run(log_dir)
+    (stall,) = older_picture.stalls
+    step_one = next(s for s in older_picture.steps if s.step == 1)
+    assert stall.start == step_one.end and stall.verdict == read.verdict
+    assert why(log_dir).stdout == before
 
 
 def assert_stall_listed(out: list[str], report: dict, path: Path, last_step: int) -> None:

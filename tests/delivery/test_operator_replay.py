@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from otel_rl import ConfigError, Logger
-from otel_rl.run.replay import BUSY_EXIT_CODE, replay
 from otel_rl.delivery.spool import spool_root
 from otel_rl.exporters.base import RowRejected, TrackerExporter
+from otel_rl.run.replay import BUSY_EXIT_CODE, replay
 from testkit.readers import jsonl_rows, tensorboard_scalars
 
 REPO = Path(__file__).resolve().parents[2]

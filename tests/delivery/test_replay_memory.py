@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.replay_drain import build_backlog, replay_in_a_process, todays_order, todays_scan
-from otel_rl.delivery import replay_plan
-from otel_rl.run.replay import replay
 from otel_rl.core.records import Event, Hyperparams, Plot, StepBatch, Table
+from otel_rl.delivery import replay_plan
 from otel_rl.delivery.spool import (
     _STEP_LINE,
     CorruptRecord,
@@ -42,6 +41,7 @@ from otel_rl.delivery.spool import (
     undelivered,
     waiting_records,
 )
+from otel_rl.run.replay import replay
 from testkit.readers import jsonl_rows
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,6 @@ import time
 import pytest
 
 from otel_rl import Logger
-from otel_rl.run.replay import replay
 from otel_rl.delivery.spool import (
     handoff_dir,
     read_acks,
@@ -25,6 +24,7 @@ from otel_rl.delivery.spool import (
     undelivered,
 )
 from otel_rl.exporters.base import TrackerExporter
+from otel_rl.run.replay import replay
 from testkit.readers import jsonl_rows, tensorboard_scalars
 
 

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_rl.run.replay import BUSY_EXIT_CODE
 from otel_rl.delivery.spool import holder_of, spool_root
+from otel_rl.run.replay import BUSY_EXIT_CODE
 from tests.faults import delivered as readers
 from tests.faults.fault_tracker import install_entry_point, set_mode
 from tests.faults.invariant import Counts, Finding, check
