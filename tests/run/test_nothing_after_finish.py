@@ -76,6 +76,37 @@ def test_with_a_tracker_that_is_down_nothing_runs_after_finish_in_the_delivery_p
     assert out["undelivered"]["mlflow"] >= 5 and out["undelivered"]["tensorboard"] == 0
 
 
+def test_the_publisher_runs_until_the_last_logger_of_the_process_finished(tmp_path):
+    """Two Loggers in one process share its publisher: the first to finish leaves it running
+    for the other, and the board says nothing ended until the second finished."""
+    script = textwrap.dedent("""
+        import json, sys, threading, time
+        from otel_rl import Logger
+        from otel_rl.watch.job_state import DirectoryBoard
+
+        def publishing():
+            return any(t.name == "otel-rl-job-state" for t in threading.enumerate())
+
+        root = sys.argv[1]
+        first, second = (Logger({"log_dir": f"{root}/{name}"}) for name in ("a", "b"))
+        first.log_metrics({"loss": 1.0}, step=0)
+        time.sleep(1.5)
+        first.finish()
+        after_first = publishing()
+        time.sleep(0.5)
+        states = DirectoryBoard(__import__("pathlib").Path(f"{root}/b/job"), started=0.0).read()[0]
+        second.finish()
+        print(json.dumps({"after_first": after_first, "after_second": publishing(),
+                          "ended_before": [s["ended"] for s in states]}))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "WORLD_SIZE": "2"}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == {"after_first": True, "after_second": False, "ended_before": [None]}
+
+
 def test_a_process_that_finished_is_said_to_have_ended_not_to_have_gone_silent(tmp_path):
     """Long after a process finished (past the time a silent one is named), the verdict says it
     finished its run, when and after which step, and does not count it as not heard from."""
