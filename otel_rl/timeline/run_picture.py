@@ -166,8 +166,8 @@ def _stall(report: StallFile, steps: list[Step], t0: float) -> StallSpan:
         start = last.end
     seconds = report.ended_seconds
     return StallSpan(start, None if seconds is None else start + seconds, report.last_step,
-                 report.verdict, report.path, report.attempt,
-                 lasted=report.since_step or 0.0)  # fmt: skip
+                     report.verdict, report.path, report.attempt,
+                     lasted=report.since_step or 0.0)  # fmt: skip
 
 
 def _process_name(resource: Mapping[str, Any]) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import socket
@@ -42,7 +41,7 @@ from otel_rl.core.redaction import redact_text
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.telemetry.timing import open_phases, phase_history
 from otel_rl.watch.locks import where as _where
-from otel_rl.watch.stalls import open_phases_with_deadlines, write_whole
+from otel_rl.watch.stalls import open_phases_with_deadlines, read_number, write_whole
 from otel_rl.watch.verdict import _frames, _user_frame, group_name, recognise, training_thread
 
 __all__ = [
@@ -268,14 +267,6 @@ _NUMBERS = ("published", "every", "step_at", "phase_since", "at_since", "ended")
 _INTEGERS = ("pid", "rank", "world_rank", "world_size", "step", "attempt")
 
 
-def _number(value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if kind is int:
-        return value if isinstance(value, int) else None
-    return float(value) if math.isfinite(value) else None
-
-
 def _decode(payload: bytes | str | None) -> dict[str, Any] | None:
     """A state read from a board, as this module writes one: each field of its type, each text
     capped; ``None`` for anything else (another program's file, a torn or huge write). A state
@@ -286,26 +277,27 @@ def _decode(payload: bytes | str | None) -> dict[str, Any] | None:
         raw = json.loads(payload)
     except (ValueError, UnicodeDecodeError):
         return None
-    if not isinstance(raw, dict) or _number(raw.get("published"), float) is None:
+    if not isinstance(raw, dict) or read_number(raw.get("published"), float) is None:
         return None
     state: dict[str, Any] = {}
     for name in _TEXTS:
         value = raw.get(name)
         state[name] = None if value is None else _text(value)
     for name in _NUMBERS:
-        state[name] = _number(raw.get(name), float)
+        state[name] = read_number(raw.get(name), float)
     for name in _INTEGERS:
-        state[name] = _number(raw.get(name), int)
+        state[name] = read_number(raw.get(name), int)
     wait = raw.get("wait")
     if isinstance(wait, dict) and isinstance(wait.get("words"), str):
-        state["wait"] = {"words": _text(wait["words"]), "since": _number(wait.get("since"), float)}
+        since = read_number(wait.get("since"), float)
+        state["wait"] = {"words": _text(wait["words"]), "since": since}
         for name in ("kind", "host", "op", "group"):
             if wait.get(name) is not None:
                 state["wait"][name] = _text(wait[name])
     groups = raw.get("collectives")
     state["collectives"] = {
-        _text(group): {"count": _number(entry.get("count"), int),
-                       "size": _number(entry.get("size"), int)}
+        _text(group): {"count": read_number(entry.get("count"), int),
+                       "size": read_number(entry.get("size"), int)}
         for group, entry in list(groups.items())[:MAX_GROUPS] if isinstance(entry, dict)
     } if isinstance(groups, dict) else {}  # fmt: skip
     return state

@@ -308,11 +308,9 @@ class StallFile:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], path: str) -> StallFile:
         stalled_at = raw.get("stalled_at")
-        unix = raw.get("stalled_at_unix")
-        at = float(unix) if isinstance(unix, (int, float)) and type(unix) is not bool else None
-        precise = at is not None and math.isfinite(at)
+        at = read_number(raw.get("stalled_at_unix"), float)
+        precise = at is not None
         if not precise:
-            at = None
             with contextlib.suppress(TypeError, ValueError, OverflowError, OSError):
                 at = datetime.datetime.fromisoformat(str(stalled_at)).timestamp()
         verdict, ended, job = raw.get("verdict"), raw.get("ended"), raw.get("job")
@@ -321,8 +319,8 @@ class StallFile:
         return cls(
             path=path, began=at, precise=precise,
             stalled_at=None if stalled_at is None else str(stalled_at),
-            last_step=_integer(raw.get("last_step")),
-            attempt=_integer(raw.get("attempt")) or 1,
+            last_step=read_number(raw.get("last_step"), int),
+            attempt=read_number(raw.get("attempt"), int) or 1,
             since_step=_seconds(raw.get("seconds_since_step")),
             threshold=_seconds(raw.get("threshold_seconds")),
             verdict=str((verdict.get("text") if isinstance(verdict, Mapping) else verdict) or ""),
@@ -336,19 +334,24 @@ class StallFile:
             ended=str(ended.get("summary")) if isinstance(ended, Mapping) else None,
             ended_seconds=_seconds(ended.get("seconds")) if isinstance(ended, Mapping) else None,
             job=job if isinstance(job, dict) else None,
-            version=_integer(raw.get("version")) or 1,
+            version=read_number(raw.get("version"), int) or 1,
         )  # fmt: skip
 
 
-def _integer(value: Any) -> int | None:
-    return value if type(value) is int else None
+def read_number(value: Any, kind: type) -> Any:
+    """A number read back from a file (a stall report, a job state) as ``kind``: an ``int`` only
+    when it is one, a ``float`` only when finite; anything else (a bool, text) is ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if kind is int:
+        return value if isinstance(value, int) else None
+    return float(value) if math.isfinite(value) else None
 
 
 def _seconds(value: Any) -> float | None:
     """A finite, non-negative number of seconds, else ``None``."""
-    if type(value) not in (int, float) or not 0 <= value < float("inf"):
-        return None
-    return float(value)
+    seconds = read_number(value, float)
+    return seconds if seconds is not None and seconds >= 0 else None
 
 
 def chain_lines(verdict: Mapping[str, Any]) -> Iterator[str]:

@@ -318,16 +318,21 @@ def test_a_run_that_times_nothing_says_so(log_dir):
     ) in out
 
 
-def test_a_real_stall_report_and_its_end(log_dir):
-    """The watchdog (after 0.3 s) reports a generation that hangs 1 s. A report written by a
-    release without verdicts is the same file with its ``verdict`` taken out: its summary is
-    told instead."""
+def _hang_at_step_two(log_dir: Path) -> None:
+    """A real run whose watchdog (after 0.3 s) reports a generation that hangs 1 s at step 2."""
     cfg = {"log_dir": str(log_dir), "stalls": {"after": 0.3, "factor": 1.0}}
     with Logger(cfg) as logger:
         for step in range(4):
             with logger.timer("generation"):
                 time.sleep(1.0 if step == 2 else 0.02)
             logger.log_metrics({"loss": 1.0}, step=step)
+
+
+def test_a_real_stall_report_and_its_end(log_dir):
+    """The watchdog (after 0.3 s) reports a generation that hangs 1 s. A report written by a
+    release without verdicts is the same file with its ``verdict`` taken out: its summary is
+    told instead."""
+    _hang_at_step_two(log_dir)
     (report_path,) = sorted((log_dir / "stalls").glob("*.json"))
     report = json.loads(report_path.read_text())
     assert report["last_step"] == 1 and report["ended"] is not None
@@ -368,12 +373,7 @@ def test_a_stall_report_reads_back_in_one_reader_at_every_version(log_dir):
     run's picture: each field as written. A report of version 1 (an older release: no
     ``version``, its time in whole seconds, no ``stalled_at_unix``) reads in both, the picture
     placing the stall at the end of its last step."""
-    cfg = {"log_dir": str(log_dir), "stalls": {"after": 0.3, "factor": 1.0}}
-    with Logger(cfg) as logger:
-        for step in range(4):
-            with logger.timer("generation"):
-                time.sleep(1.0 if step == 2 else 0.02)
-            logger.log_metrics({"loss": 1.0}, step=step)
+    _hang_at_step_two(log_dir)
     (path,) = sorted((log_dir / "stalls").glob("*.json"))
     raw = json.loads(path.read_text())
     read = StallFile.read(path)
