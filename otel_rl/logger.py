@@ -21,7 +21,7 @@ from otel_rl.process.lifecycle import exit_code_of
 from otel_rl.run.history import RUN_ID_ENV, RunHistory, continue_tracker_runs
 from otel_rl.run.intake import Intake
 from otel_rl.run.run import Run
-from otel_rl.telemetry.timing import Timer
+from otel_rl.telemetry.timing import PhaseTimer
 
 
 class Logger:
@@ -192,7 +192,7 @@ class Logger:
             return
         self.log_metrics({name: histogram}, step=step)
 
-    def timer(self, name: str) -> Timer:
+    def timer(self, name: str) -> PhaseTimer:
         """Time a block or a function into the histogram ``timing/<name>`` (seconds).
 
         Rows show the step's total seconds under ``timing/<name>``; Prometheus and OTLP get the

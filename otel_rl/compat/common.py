@@ -11,7 +11,7 @@ from otel_rl.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from otel_rl.logger import Logger
-    from otel_rl.telemetry.timing import Timer
+    from otel_rl.telemetry.timing import PhaseTimer
 
 __all__ = ["CoreOutputs", "exit_code_now", "plain_config"]
 
@@ -64,7 +64,7 @@ class CoreOutputs:
         """The inference-engine monitor (``rollout_monitoring``), else ``None``."""
         return self.core.rollout_monitor
 
-    def timer(self, name: str) -> Timer:
+    def timer(self, name: str) -> PhaseTimer:
         """Time a block into ``timing/<name>`` (seconds), in the row of the run's next step."""
         return self.core.timer(name)
 

@@ -230,7 +230,7 @@ def active_logger() -> Logger | None:
 # ---- the Logger --------------------------------------------------------------------------------
 
 
-class Logger(CoreOutputs):
+class NemoRLLogger(CoreOutputs):
     """NeMo RL's ``Logger``, delegating to one :class:`otel_rl.Logger` (``self.core``).
 
     ``cfg`` is a :class:`LoggerConfig` (any otel-rl config key is accepted as well, see
@@ -570,6 +570,10 @@ class Logger(CoreOutputs):
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+
+#: NeMo RL's name for it (``nemo_rl.utils.logger.Logger``).
+Logger = NemoRLLogger
 
 
 def _tracker_of(delivery: Delivery) -> Any:

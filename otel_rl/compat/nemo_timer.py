@@ -65,7 +65,7 @@ REDUCTIONS: dict[str, Callable[[Sequence[float]], float | int]] = {
 }
 
 
-class Timer:
+class NemoRLTimer:
     """Durations per label: ``start``/``stop``, ``with timer.time(label)``, or ``record``.
 
     ``context`` (e.g. ``{"rank": 3}``) prefixes the DEBUG line written at each event.
@@ -238,6 +238,10 @@ class Timer:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         context = " ".join(f"{k}={v}" for k, v in self._context.items())
         target.debug("[%s] %s %s ts=%s", context, label, event, stamp)
+
+
+#: NeMo RL's name for it (``nemo_rl.utils.timer.Timer``).
+Timer = NemoRLTimer
 
 
 class ThreadSafeTimer(Timer):

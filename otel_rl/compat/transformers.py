@@ -43,7 +43,7 @@ from otel_rl.process.fork_safe_log import log as _log
 
 if TYPE_CHECKING:
     from otel_rl.logger import Logger
-    from otel_rl.telemetry.timing import Timer
+    from otel_rl.telemetry.timing import PhaseTimer
 
 __all__ = [
     "EVALUATE_TIMER", "STEP_TIMER", "OtelRLCallback", "rewrite_logs", "timed_reward",
@@ -103,8 +103,8 @@ class OtelRLCallback(TrainerCallback):
         self.finished = False
         self._lock = threading.Lock()
         self._params_logged = False
-        self._step_timer: Timer | None = None
-        self._evaluate_timer: Timer | None = None
+        self._step_timer: PhaseTimer | None = None
+        self._evaluate_timer: PhaseTimer | None = None
         #: Table name → the step its completions were last logged at.
         self._tables_sent: dict[str, int] = {}
         self._warned: set[str] = set()

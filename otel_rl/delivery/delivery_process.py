@@ -36,7 +36,8 @@ from otel_rl.process.deadline import Deadline, Part, stop_in_parallel
 from otel_rl.process.lifecycle import KILLED_EXIT_CODE
 
 __all__ = [
-    "BuildTrackers", "Intake", "Status", "Trackers", "main", "messages", "run_deadline", "serve",
+    "BuildTrackers", "HandoffProgress", "Status", "Trackers", "main", "messages", "run_deadline",
+    "serve",
 ]
 
 _STATS_EVERY = 0.25
@@ -63,7 +64,7 @@ def messages(records_fd: int) -> Iterator[tuple[Any, ...]]:
     """The messages of the records pipe, with the handoff files it names read in their place,
     and, once the pipe ends, the training process's files it never named (it was killed while
     the pipe was full): nothing it handed over is left unread. After a file's frames comes
-    ``("read", path)``: the file may go once every spool holds them (:class:`Intake`)."""
+    ``("read", path)``: the file may go once every spool holds them (:class:`HandoffProgress`)."""
     incoming = read_frames(records_fd)
     hello = next(incoming, None)
     if hello is None or hello[0] != "hello":
@@ -96,7 +97,7 @@ def _handoff(path: Path) -> Iterator[tuple[Any, ...]]:
     yield ("read", path)
 
 
-class Intake:
+class HandoffProgress:
     """How far every spool has got with the frames read: the training process keeps the frames
     the pipe gave until then, and a handoff file stays until then (otel_rl/delivery/intake.py).
     """
@@ -159,7 +160,7 @@ class LogToTrainingProcess(logging.Handler):
             self.handleError(record)
 
 
-def status_of(exporters: Sequence[Any], intake: Intake) -> dict[str, Any]:
+def status_of(exporters: Sequence[Any], intake: HandoffProgress) -> dict[str, Any]:
     """Each tracker's counters, its run as ``resume_config`` names it (e.g. MLflow's run id,
     known once the tracker has opened it), and how far the spools have got."""
     return {
@@ -212,7 +213,7 @@ class _Feed:
     def __init__(self, exporters: Sequence[Any], status: Status, launch: str) -> None:
         self.exporters = exporters
         self.fanout = Fanout(exporters)
-        self.intake = Intake(exporters)
+        self.intake = HandoffProgress(exporters)
         self._status = status
         self._launch = launch
         self._warned: set[str] = set()

@@ -63,7 +63,7 @@ def _frame_files(folder: Path, pid: int) -> list[Path]:
     return [*handoffs, left] if left.exists() else handoffs
 
 
-class Launch:
+class LaunchFiles:
     """The training process's side: the manifest and the lock of its launch, and its leftover
     file. Created once the delivery process has started (its spools are known)."""
 

@@ -18,7 +18,7 @@ from otel_rl.core.errors import ConfigError
 from otel_rl.core.failures import losses
 from otel_rl.delivery import link_messages as say
 from otel_rl.delivery.frames import encode_frame
-from otel_rl.delivery.intake import Launch
+from otel_rl.delivery.intake import LaunchFiles
 from otel_rl.delivery.link_backlog import Backlog, Numbered
 from otel_rl.delivery.link_state import LinkState
 from otel_rl.delivery.link_status import StatusReader
@@ -51,7 +51,7 @@ class DeliveryChild:
         # this launch's token, by which replay knows which of the leftover frames it holds.
         self._token = os.urandom(6).hex()
         self._settings["launch"] = self._token
-        self._launch: Launch | None = None
+        self._launch: LaunchFiles | None = None
         self._spooled_from: dict[str, int] = {}  # each spool's last record before the run
         self._ends: dict[str, SpoolEnd] | None = None  # the spools as the child left them
 
@@ -100,7 +100,7 @@ class DeliveryChild:
         }  # fmt: skip
         if self._handoff_dir is not None:
             try:
-                self._launch = Launch(self._handoff_dir, self._token, status.spool_dirs)
+                self._launch = LaunchFiles(self._handoff_dir, self._token, status.spool_dirs)
             except OSError as exc:  # the handoff files fail the same way: said there
                 say.say_no_handoff_folder(exc)
 

@@ -32,7 +32,7 @@ from otel_rl.distributed.snapshot import (
 )
 from otel_rl.telemetry.span_transfer import SpanCollector
 from otel_rl.telemetry.step_reader import StepReader
-from otel_rl.telemetry.timing import PhaseClock, Timer, TimerFactory, timing_totals
+from otel_rl.telemetry.timing import PhaseClock, PhaseTimer, TimerFactory, timing_totals
 from otel_rl.telemetry.tracing import RunTracer, hook_active, hook_resource, hook_spans
 from otel_rl.watch.job_state import publisher_of_this_process
 
@@ -162,7 +162,7 @@ class WorkerMetrics:
             acc[LAST] = v
             acc[LAST_TIME] = now
 
-    def timer(self, name: str) -> Timer:
+    def timer(self, name: str) -> PhaseTimer:
         """Time a block or function into ``timing/<name>`` (seconds; repeated uses within one
         snapshot add up; the driver reduces the per-worker totals with ``max`` by default)."""
         try:

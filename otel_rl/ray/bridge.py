@@ -33,8 +33,8 @@ AXIS = "ray/ray_step"
 SCOPE = "otel_rl.ray"
 
 
-class GpuMonitoringSection(Protocol):
-    """The ``gpu_monitoring:`` section of the typed logger config."""
+class ScrapeSettings(Protocol):
+    """What the scraper reads of the ``gpu_monitoring:`` section of the typed logger config."""
 
     @property
     def endpoints(self) -> Sequence[str]: ...
@@ -51,7 +51,7 @@ class GpuMonitoringConfig(Protocol):
     (``otel_rl.config.schema.LoggerSettings``, a layer above this one)."""
 
     @property
-    def gpu_monitoring(self) -> GpuMonitoringSection: ...
+    def gpu_monitoring(self) -> ScrapeSettings: ...
 
 
 class GpuMonitor:

@@ -24,7 +24,7 @@ from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.run.anatomy import StepAnatomy
 from otel_rl.run.run import Run
 from otel_rl.run.steps import checked_step
-from otel_rl.telemetry.timing import Timer
+from otel_rl.telemetry.timing import PhaseTimer
 
 
 class Intake:
@@ -142,7 +142,7 @@ class Intake:
             self._latest.update(rows)
         return rows
 
-    def timer(self, name: str) -> Timer:
+    def timer(self, name: str) -> PhaseTimer:
         try:
             return self._timers.timer(name)
         except KeyCollisionError as exc:

@@ -1,8 +1,9 @@
 """Timers: one record of each use on the phase clock and in its factory, and the spans of timers.
 
-:class:`Timer` is what ``Logger.timer`` and ``WorkerMetrics.timer`` hand out. :class:`TimerSpan`
-and :func:`ambient_tracer` give timers that belong to no Logger — the NeMo RL and verl drop-ins'
-(``otel_rl.compat``) — the same spans, in the trace of the newest live Logger's step.
+:class:`PhaseTimer` is what ``Logger.timer`` and ``WorkerMetrics.timer`` hand out.
+:class:`TimerSpan` and :func:`ambient_tracer` give timers that belong to no Logger — the NeMo RL
+and verl drop-ins' (``otel_rl.compat``) — the same spans, in the trace of the newest live
+Logger's step.
 """
 
 from __future__ import annotations
@@ -293,13 +294,13 @@ def phase_history(path: str) -> tuple[float, ...]:
     return PROCESS_CLOCK.history(path)
 
 
-class Timer:
+class PhaseTimer:
     """Context manager and decorator; each exit appends ``(key, elapsed seconds)`` to ``done``.
 
     The phase clock's open and close and that append are all a use costs the caller's thread:
     the rows, the OpenTelemetry histogram and the anatomy are derived from them later
-    (:class:`TimerFactory`). Untraced, a Timer holds no state of its own, so one object serves
-    nested and concurrent uses. With a ``tracer`` each use is also an OTel span named ``name``, a
+    (:class:`TimerFactory`). Untraced, it holds no state of its own, so one object serves nested
+    and concurrent uses. With a ``tracer`` each use is also an OTel span named ``name``, a
     child of whatever span is current (so nested timers nest), whose duration is exactly the
     recorded value. Every use feeds the process's :data:`PROCESS_CLOCK`, and ``clock`` too when
     given (a worker's own, whose reading is then the value).
@@ -325,7 +326,7 @@ class Timer:
         self._attributes = attributes
         self._spans: list[Any] | None = [] if tracer is not None else None
 
-    def __enter__(self) -> Timer:
+    def __enter__(self) -> PhaseTimer:
         if self._spans is not None:
             scope = self._tracer.start_as_current_span(
                 self._name, attributes=self._attributes, end_on_exit=False
@@ -406,7 +407,7 @@ def _end_span(scope: Any, span: Any, elapsed: float | None, exc: tuple[Any, ...]
 
 
 class TimerFactory:
-    """Hands out :class:`Timer` objects for ``timing/<name>`` and keeps what they timed.
+    """Hands out :class:`PhaseTimer` objects for ``timing/<name>`` and keeps what they timed.
 
     A timer's key is claimed in ``keys`` the first time its name is used, so that a timer
     cannot collide with a logged metric (``KeyCollisionError``). Every use of every timer is
@@ -429,13 +430,13 @@ class TimerFactory:
         self._span_attributes = span_attributes
         self._instruments = instruments
         self._done: deque[tuple[str, float]] = deque(maxlen=SPAN_RECORDS)
-        self._known: dict[str, Timer] = {}
-        #: ``{name: Timer}`` of the timers that can be handed out again (untraced, a Timer has
-        #: no state: one per name); a caller may look a name up here first.
-        self.shared: dict[str, Timer] = self._known if tracer is None else {}
+        self._known: dict[str, PhaseTimer] = {}
+        #: ``{name: PhaseTimer}`` of the timers that can be handed out again (untraced, a
+        #: PhaseTimer has no state: one per name); a caller may look a name up here first.
+        self.shared: dict[str, PhaseTimer] = self._known if tracer is None else {}
         self._overflowed = False
 
-    def timer(self, name: str) -> Timer:
+    def timer(self, name: str) -> PhaseTimer:
         known = self._known.get(name)
         if known is not None and self._tracer is None:
             return known
@@ -448,7 +449,7 @@ class TimerFactory:
                 self._instruments.add(key, instrument, description)
         else:
             key = known._key
-        timer = Timer(self._done.append, key, name, self._tracer, self._span_attributes,
+        timer = PhaseTimer(self._done.append, key, name, self._tracer, self._span_attributes,
                       self._clock)  # fmt: skip
         self._known[name] = timer
         return timer

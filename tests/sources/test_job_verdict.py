@@ -270,7 +270,7 @@ _WAITS_ON_A_URL = textwrap.dedent("""
     import contextlib, json, sys, threading, time
     import requests
     from pathlib import Path
-    from otel_rl.telemetry.timing import Timer
+    from otel_rl.telemetry.timing import PhaseTimer
     from otel_rl.watch.job_state import DirectoryBoard, StatePublisher
 
     url, directory = sys.argv[1], Path(sys.argv[2])
@@ -289,7 +289,7 @@ _WAITS_ON_A_URL = textwrap.dedent("""
         print("published", flush=True)
 
     threading.Thread(target=publish, daemon=True).start()
-    with Timer(lambda _: None, "timing/reward", "reward"), contextlib.suppress(OSError):
+    with PhaseTimer(lambda _: None, "timing/reward", "reward"), contextlib.suppress(OSError):
         requests.post(url, json={"prompt": "2+2"}, timeout=90)  # the credentials go as a header
 """)
 
@@ -439,7 +439,7 @@ def test_a_state_stays_small_whatever_the_program_names_and_keeps_nothing_alive(
     publisher outlives the object that gave its steps without keeping it: then no step."""
     import gc
 
-    from otel_rl.telemetry.timing import Timer
+    from otel_rl.telemetry.timing import PhaseTimer
 
     class Loop:
         def activity(self) -> tuple[int | None, float | None]:
@@ -449,7 +449,7 @@ def test_a_state_stays_small_whatever_the_program_names_and_keeps_nothing_alive(
     board = DirectoryBoard(tmp_path / "job")
     publisher = StatePublisher(loop.activity, role="r" * 1_000_000, rank=5)
     publisher.boards = lambda: [board]  # type: ignore[method-assign]
-    with Timer(lambda _: None, "timing/x", "x" * 10_000):
+    with PhaseTimer(lambda _: None, "timing/x", "x" * 10_000):
         publisher.publish()
     (path,) = (tmp_path / "job").glob("*.json")
     state = json.loads(path.read_text())

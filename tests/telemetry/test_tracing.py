@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_rl import Logger, WorkerMetrics
-from otel_rl.telemetry.timing import Timer
+from otel_rl.telemetry.timing import PhaseTimer
 from testkit.otlp_trace_receiver import OtlpTraceReceiver
 from testkit.readers import jsonl_rows
 
@@ -120,7 +120,7 @@ def step_spans_setup():
     provider = TracerProvider()
     spans = capture(provider)
     steps = StepSpans(provider, run_id="run-9")
-    timer = Timer(lambda timing: None, "timing/gen", "gen", steps.tracer)
+    timer = PhaseTimer(lambda timing: None, "timing/gen", "gen", steps.tracer)
     return steps, spans, timer
 
 
