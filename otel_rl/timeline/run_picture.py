@@ -301,9 +301,9 @@ def _places(reports: list[StallFile], job_dir: Path, t0: float) -> list[Places]:
         places.append(_job_places(last.job or {}, f"at the stall {after}"))
     found = JobStates()
     found.states = [s for s in DirectoryBoard(job_dir, started=0.0).read()[0]
-                    if s["published"] >= t0]  # fmt: skip
+                    if s.published >= t0]  # fmt: skip
     if found.states:
-        at = max(s["published"] for s in found.states)
+        at = max(s.published for s in found.states)
         clock = datetime.fromtimestamp(at, timezone.utc).strftime("%H:%M:%S UTC")
         places.append(_job_places(job_verdict(found, at).to_json(),
                                   f"as each last published ({job_dir}), at {clock}"))  # fmt: skip

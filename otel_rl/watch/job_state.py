@@ -23,9 +23,8 @@ The process that sees a stall reads every state and compares them
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import os
-import re
 import socket
 import sys
 import threading
@@ -37,17 +36,19 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any, Protocol, cast
 
-from otel_rl.core.redaction import redact_text
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.telemetry.timing import open_phases, phase_history
 from otel_rl.watch.locks import where as _where
-from otel_rl.watch.stalls import open_phases_with_deadlines, read_number, write_whole
+from otel_rl.watch.process_state import MAX_STATE_BYTES, GroupCount, JobState, Wait
+from otel_rl.watch.process_state import text as _text
+from otel_rl.watch.stalls import open_phases_with_deadlines, write_whole
 from otel_rl.watch.verdict import _frames, _user_frame, group_name, recognise, training_thread
 
 __all__ = [
     "PUBLISH_EVERY",
     "Board",
     "DirectoryBoard",
+    "JobState",
     "JobStates",
     "RayBoard",
     "StatePublisher",
@@ -64,8 +65,6 @@ PUBLISH_EVERY = 5.0
 FIRST_AFTER = 1.0
 #: A state older than this, in a job whose other processes publish, is "not heard from".
 SILENT_AFTER = 4 * PUBLISH_EVERY
-#: Longest text kept of any one field: a state stays a few hundred bytes whatever the program.
-MAX_TEXT = 300
 #: Process groups whose counts a state carries (a job's own groups are a handful).
 MAX_GROUPS = 64
 #: Seconds one board may take to be written or read.
@@ -84,11 +83,6 @@ def _in_a_process_group() -> bool:
                     and dist.is_initialized())  # fmt: skip
     except Exception:
         return False
-
-
-def _text(value: Any) -> str:
-    text = redact_text(str(value))
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
 def launch(parent: bool = False) -> str:
@@ -116,8 +110,8 @@ def launch(parent: bool = False) -> str:
 # ---- what this process publishes ---------------------------------------------------------------
 
 
-def collective_counts() -> dict[str, dict[str, Any]]:
-    """``{group: {"count", "size", "backend"}}`` for each ``torch.distributed`` process group this
+def collective_counts() -> dict[str, GroupCount]:
+    """``{group: GroupCount}`` for each ``torch.distributed`` process group this
     process belongs to: ``count`` is the backend's own sequence number, the collectives this
     process entered on that group (``None`` where the backend keeps none). Empty without
     ``torch.distributed`` or before ``init_process_group``."""
@@ -128,17 +122,16 @@ def collective_counts() -> dict[str, dict[str, Any]]:
         groups = list(dist.distributed_c10d._world.pg_map)
     except Exception:
         return {}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, GroupCount] = {}
     for group in groups[:MAX_GROUPS]:
-        count: int | None = None
+        count = size = backend = None
         with contextlib.suppress(Exception):
             count = int(group._get_sequence_number_for_group())
-        entry: dict[str, Any] = {"count": count}
         with contextlib.suppress(Exception):
-            entry["size"] = int(group.size())
+            size = int(group.size())
         with contextlib.suppress(Exception):
-            entry["backend"] = str(dist.get_backend(group))
-        out[group_name(group)] = entry
+            backend = str(dist.get_backend(group))
+        out[group_name(group)] = GroupCount(count, size, backend)
     return out
 
 
@@ -174,18 +167,6 @@ def _identity(role: str | None, rank: int | None) -> dict[str, Any]:
     return out
 
 
-def name_of(state: Mapping[str, Any]) -> str:
-    """How a process is named in a sentence: ``rank 2``, ``policy rank 1``, ``the driver``,
-    ``TrainerWorker rank 3`` (the actor's class)."""
-    role, rank = state.get("role"), state.get("rank")
-    who = state.get("actor") or (None if role in ("rank", "process") else role)
-    if role == "driver" and rank is None:
-        return "the driver"
-    if rank is None:
-        return f"{who or 'process'} (pid {state.get('pid')})"
-    return f"{who} rank {rank}" if who else f"rank {rank}"
-
-
 class _Since:
     """When each published fact became true: a fact that did not change keeps its first time."""
 
@@ -205,7 +186,7 @@ def process_state(
     step: int | None,
     step_at: float | None,
     since: _Since,
-) -> dict[str, Any]:
+) -> JobState:
     """This process's state now (read on the calling thread, never the training thread's):
     ``step_at`` is the Unix time ``step`` was last logged."""
     now, mono = time.time(), time.monotonic()
@@ -217,8 +198,6 @@ def process_state(
     if stack:
         path, began = stack[-1]
         state["phase"], state["phase_since"] = _text(path), now - (mono - began)
-    else:
-        state["phase"] = state["phase_since"] = None
     frame = sys._current_frames().get(ident) if ident is not None else None
     try:
         frames = _frames(frame)
@@ -232,14 +211,11 @@ def process_state(
         del frame
     if wait is not None and wait.kind != "code":
         words = _text(wait.words)
-        state["wait"] = {"kind": wait.kind, "words": words, "since": since.of("wait", words, now)}
-        if wait.host:
-            state["wait"]["host"] = _text(wait.host)
-        if wait.kind == "collective":
-            state["wait"]["op"] = words.split(" ", 1)[0].rsplit(".", 1)[-1]
-            state["wait"]["group"] = wait.group
+        state["wait"] = Wait(words, since.of("wait", words, now), wait.kind,
+                             None if wait.host is None else _text(wait.host), wait.op,
+                             wait.group)  # fmt: skip
     state["collectives"] = collective_counts()
-    return state
+    return JobState.of(state)
 
 
 # ---- where the states go -----------------------------------------------------------------------
@@ -254,54 +230,9 @@ class Board(Protocol):
     #: The job its states are of, as each state says it: a process compares only its own job's.
     job: str
 
-    def put(self, state: Mapping[str, Any], payload: bytes) -> None: ...
+    def put(self, state: JobState, payload: bytes) -> None: ...
 
-    def read(self) -> tuple[list[dict[str, Any]], list[str]]: ...
-
-
-#: Largest state read from a board: what one process publishes is a few kilobytes at most.
-MAX_STATE_BYTES = 64 * 1024
-
-_TEXTS = ("role", "node", "actor", "node_id", "actor_id", "ip", "phase", "at", "run_id", "job")
-_NUMBERS = ("published", "every", "step_at", "phase_since", "at_since", "ended")
-_INTEGERS = ("pid", "rank", "world_rank", "world_size", "step", "attempt")
-
-
-def _decode(payload: bytes | str | None) -> dict[str, Any] | None:
-    """A state read from a board, as this module writes one: each field of its type, each text
-    capped; ``None`` for anything else (another program's file, a torn or huge write). A state
-    that is not one costs only itself, never the verdict."""
-    if payload is None or len(payload) > MAX_STATE_BYTES:
-        return None
-    try:
-        raw = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(raw, dict) or read_number(raw.get("published"), float) is None:
-        return None
-    state: dict[str, Any] = {}
-    for name in _TEXTS:
-        value = raw.get(name)
-        state[name] = None if value is None else _text(value)
-    for name in _NUMBERS:
-        state[name] = read_number(raw.get(name), float)
-    for name in _INTEGERS:
-        state[name] = read_number(raw.get(name), int)
-    wait = raw.get("wait")
-    if isinstance(wait, dict) and isinstance(wait.get("words"), str):
-        since = read_number(wait.get("since"), float)
-        state["wait"] = {"words": _text(wait["words"]), "since": since}
-        for name in ("kind", "host", "op", "group"):
-            if wait.get(name) is not None:
-                state["wait"][name] = _text(wait[name])
-    groups = raw.get("collectives")
-    state["collectives"] = {
-        _text(group): {"count": read_number(entry.get("count"), int),
-                       "size": read_number(entry.get("size"), int)}
-        for group, entry in list(groups.items())[:MAX_GROUPS] if isinstance(entry, dict)
-    } if isinstance(groups, dict) else {}  # fmt: skip
-    return state
-
+    def read(self) -> tuple[list[JobState], list[str]]: ...
 
 class DirectoryBoard:
     """One file per process in a directory the job shares (``<log_dir>/job``), its job the
@@ -314,14 +245,14 @@ class DirectoryBoard:
         self.job = launch(parent=True)
         self._started = time.time() if started is None else started
 
-    def put(self, state: Mapping[str, Any], payload: bytes) -> None:
+    def put(self, state: JobState, payload: bytes) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        write_whole(self.directory / f"{_key(state).replace('/', '_')}.json", payload)
+        write_whole(self.directory / f"{state.key().replace('/', '_')}.json", payload)
 
-    def read(self) -> tuple[list[dict[str, Any]], list[str]]:
-        states = []
+    def read(self) -> tuple[list[JobState], list[str]]:
+        states: list[JobState] = []
         for path in sorted(self.directory.glob("*.json")):
-            state = _decode(_state_file(path, self._started - 2 * SILENT_AFTER))
+            state = JobState.from_json(_state_file(path, self._started - 2 * SILENT_AFTER))
             if state is not None:
                 states.append(state)
         return states, []
@@ -387,24 +318,25 @@ class TorchStoreBoard:
             timeout=timedelta(seconds=BOARD_TIMEOUT), wait_for_workers=False,
         )  # fmt: skip
 
-    def put(self, state: Mapping[str, Any], payload: bytes) -> None:
+    def put(self, state: JobState, payload: bytes) -> None:
         try:
             if self._store is None:
                 self._store = self._connect()
-            self._store.set(self._prefix + _key(state), payload)
+            self._store.set(self._prefix + state.key(), payload)
         except Exception:
             self._store = None  # a new connection next time: the store may be back
             raise
 
-    def read(self) -> tuple[list[dict[str, Any]], list[str]]:
+    def read(self) -> tuple[list[JobState], list[str]]:
         store = self._connect()  # the read's own: one that never returns holds no publication
-        states, missing = [], []
+        states: list[JobState] = []
+        missing: list[str] = []
         for rank in range(self.world_size):
             key = f"{self._prefix}rank-{rank}"
             if not store.check([key]):
                 missing.append(f"rank {rank}")
                 continue
-            state = _decode(store.get(key))
+            state = JobState.from_json(store.get(key))
             if state is not None:
                 states.append(state)
         return states, missing
@@ -451,24 +383,24 @@ class RayBoard:
 
         return global_worker.gcs_client  # type: ignore[attr-defined]
 
-    def put(self, state: Mapping[str, Any], payload: bytes) -> None:
-        who = state.get("actor_id") or f"driver-{state.get('pid')}"
+    def put(self, state: JobState, payload: bytes) -> None:
+        who = state.actor_id or f"driver-{state.pid}"
         self._gcs().internal_kv_put(self._prefix + str(who).encode(), payload, True,
                                     self.NAMESPACE, timeout=BOARD_TIMEOUT)  # fmt: skip
 
-    def read(self) -> tuple[list[dict[str, Any]], list[str]]:
+    def read(self) -> tuple[list[JobState], list[str]]:
         gcs = self._gcs()
         keys = gcs.internal_kv_keys(self._prefix, self.NAMESPACE, timeout=BOARD_TIMEOUT)
         if not keys:
             return [], []
         values = gcs.internal_kv_multi_get(keys, self.NAMESPACE, timeout=BOARD_TIMEOUT)
         dead = self._dead_actors()
-        states = []
+        states: list[JobState] = []
         for key, payload in values.items():
-            state = _decode(payload)
+            state = JobState.from_json(payload)
             if state is None:
                 continue
-            if state.get("actor_id") in dead:
+            if state.actor_id in dead:
                 with contextlib.suppress(Exception):
                     gcs.internal_kv_del(key, False, self.NAMESPACE, timeout=BOARD_TIMEOUT)
                 continue
@@ -485,15 +417,6 @@ class RayBoard:
             return set(dead)
         except Exception:  # liveness unknown: every state is read, a dead one as silent
             return set()
-
-
-def _key(state: Mapping[str, Any]) -> str:
-    rank = state.get("world_rank")
-    if rank is not None:  # the torch store reads the default group's ranks by these keys
-        return f"rank-{rank}"
-    # a file name too: short, whatever the role and host are called
-    role, node = (re.sub(r"[^\w.-]", "_", str(state.get(k)))[:40] for k in ("role", "node"))
-    return f"{role}-{state.get('rank')}-{node}-{state.get('pid')}"
 
 
 # ---- the thread that publishes -----------------------------------------------------------------
@@ -520,7 +443,7 @@ class JobStates:
     what could not be read (each board's failure, in words)."""
 
     def __init__(self) -> None:
-        self.states: list[dict[str, Any]] = []
+        self.states: list[JobState] = []
         self.missing: list[str] = []
         self.unreadable: list[str] = []
 
@@ -615,7 +538,7 @@ class StatePublisher:
             found.append(self._boards.setdefault(self._directory.where, self._directory))
         return found
 
-    def state(self, boards: list[Any] | None = None) -> dict[str, Any]:
+    def state(self, boards: list[Any] | None = None) -> JobState:
         """This process's state now, of the job of ``boards`` (the first's: a Ray actor in a
         process group is of its Ray job)."""
         boards = self.boards() if boards is None else boards
@@ -624,9 +547,7 @@ class StatePublisher:
             identity = {**_identity(self._role, self._rank), **self._of_run,
                         "job": boards[0].job if boards else None}  # fmt: skip
             state = process_state(identity, step, step_at, self._since)
-            if self._ended is not None:
-                state["ended"] = self._ended
-            return state
+            return state if self._ended is None else dataclasses.replace(state, ended=self._ended)
 
     def publish(self) -> None:
         """One publication, on the calling thread (the publisher's own, or a stall report's)."""
@@ -636,7 +557,7 @@ class StatePublisher:
         if not boards:  # a process of its own: no job to tell
             return
         state = self.state(boards)
-        payload = json.dumps(state, default=str).encode()
+        payload = state.to_json()
         for board in boards:
             try:
                 board.put(state, payload)
@@ -650,7 +571,7 @@ class StatePublisher:
         not answer holds that thread, never the caller (the watchdog's, when a stall begins)."""
         self._wake.set()
 
-    def _read_board(self, board: Any, timeout: float) -> tuple[list[dict[str, Any]], list[str]]:
+    def _read_board(self, board: Any, timeout: float) -> tuple[list[JobState], list[str]]:
         """``board.read()`` on a thread of its own, given ``timeout`` seconds (a store that
         accepts connections and never answers holds c10d's client whatever its own timeout):
         the thread of one that does not return is left to it, holding nothing a publication
@@ -670,7 +591,7 @@ class StatePublisher:
             raise TimeoutError(f"no answer within {timeout:.1f} s")
         if isinstance(done[0], BaseException):
             raise done[0]
-        return cast(tuple[list[dict[str, Any]], list[str]], done[0])
+        return cast(tuple[list[JobState], list[str]], done[0])
 
     def read(
         self, boards: Iterable[Any] | None = None, timeout: float = 2 * BOARD_TIMEOUT
@@ -680,7 +601,7 @@ class StatePublisher:
         A state of another job, or of another attempt of this process's run, is left out; so is
         one that names no job (an older otel-rl's)."""
         found = JobStates()
-        merged: dict[tuple[Any, Any], dict[str, Any]] = {}
+        merged: dict[tuple[str | None, int | None], JobState] = {}
         deadline = time.monotonic() + timeout
         boards = self.boards() if boards is None else list(boards)
         job, run = (boards[0].job if boards else None), self._of_run
@@ -693,19 +614,16 @@ class StatePublisher:
                 continue
             found.missing += [m for m in missing if m not in found.missing]
             for state in states:
-                earlier = run["run_id"] is not None and state.get("run_id") == run["run_id"]
-                if state.get("job") != job or (earlier and state.get("attempt") != run["attempt"]):
+                earlier = run["run_id"] is not None and state.run_id == run["run_id"]
+                if state.job != job or (earlier and state.attempt != run["attempt"]):
                     continue
-                key = (state.get("node"), state.get("pid"))
-                held = merged.get(key)
-                if held is None or float(held.get("published") or 0) < float(
-                    state.get("published") or 0
-                ):
-                    merged[key] = state
+                held = merged.get(state.where)
+                if held is None or held.published < state.published:
+                    merged[state.where] = state
         own = self.state(boards)
-        merged[(own.get("node"), own.get("pid"))] = own
+        merged[own.where] = own
         found.states = list(merged.values())
-        ranks = {s.get("world_rank") for s in found.states}
+        ranks = {s.world_rank for s in found.states}
         found.missing = [m for m in found.missing if int(m.split()[-1]) not in ranks]
         return found
 
@@ -717,9 +635,8 @@ class StatePublisher:
         while True:
             found = self.read(timeout=max(0.5, deadline - time.monotonic()))
             now = time.time()
-            stale = [s for s in found.states
-                     if s.get("ended") is None and float(s.get("published") or 0) < since
-                     and now - float(s.get("published") or 0) <= SILENT_AFTER]  # fmt: skip
+            stale = [s for s in found.states if s.ended is None and s.published < since
+                     and now - s.published <= SILENT_AFTER]  # fmt: skip
             if not stale or time.monotonic() + 0.5 > deadline:
                 return found
             time.sleep(0.5)

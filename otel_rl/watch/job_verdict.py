@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import datetime
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from otel_rl.watch.job_state import SILENT_AFTER, JobStates, name_of
+from otel_rl.watch.job_state import SILENT_AFTER, JobStates
+from otel_rl.watch.process_state import JobState
 from otel_rl.watch.stalls import seconds
 
 __all__ = ["JobVerdict", "job_verdict"]
@@ -53,105 +54,99 @@ def _clock(unix: float) -> str:
     return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).strftime("%H:%M:%S UTC")
 
 
-def _names(states: Sequence[Mapping[str, Any]], by_world_rank: bool = False) -> str:
+def _names(states: Sequence[JobState], by_world_rank: bool = False) -> str:
     """``ranks 0, 1, 3`` (of one role, or in a process group: by their rank in it), else each
     one's name."""
-    key = "world_rank" if by_world_rank else "rank"
-    ranks = [s.get(key) for s in states]
+    ranks = [s.world_rank if by_world_rank else s.rank for s in states]
     if len(states) > 1 and all(isinstance(r, int) for r in ranks):
-        roles = {(s.get("role"), s.get("actor")) for s in states}
+        roles = {(s.role, s.actor) for s in states}
         if by_world_rank or len(roles) == 1:
-            first = "rank 0" if by_world_rank else name_of(states[0])
+            first = "rank 0" if by_world_rank else states[0].name()
             numbers = ", ".join(str(r) for r in sorted(cast(list[int], ranks)))
             return first.rsplit(" ", 1)[0] + "s " + numbers
-    return ", ".join(_rank_name(s) if by_world_rank else name_of(s) for s in states)
+    return ", ".join(_rank_name(s) if by_world_rank else s.name() for s in states)
 
 
-def _rank_name(state: Mapping[str, Any]) -> str:
+def _rank_name(state: JobState) -> str:
     """A process in a process group, by its rank in the default group: ``rank 2``, or
     ``TrainerWorker rank 2`` for a Ray actor (its class)."""
-    rank = state.get("world_rank")
-    if not isinstance(rank, int):
-        return name_of(state)
-    return f"{state['actor']} rank {rank}" if state.get("actor") else f"rank {rank}"
+    rank = state.world_rank
+    if rank is None:
+        return state.name()
+    return f"{state.actor} rank {rank}" if state.actor else f"rank {rank}"
 
 
-def _where_is(state: Mapping[str, Any], now: float) -> str:
+def _where_is(state: JobState, now: float) -> str:
     """Where a process is, each fact with its age: its wait, else its line of code, its open
     timer, its node and pid, and how old the state is."""
-    def age(since: Any) -> str:
-        return f" ({seconds(now - float(since))})" if isinstance(since, (int, float)) else ""
+    def age(since: float | None) -> str:
+        return "" if since is None else f" ({seconds(now - since)})"
 
     parts = []
-    wait = state.get("wait")
-    if isinstance(wait, Mapping) and wait.get("words"):
-        parts.append(f"waits on {wait['words']}{age(wait.get('since'))}")
-    elif state.get("at"):
-        parts.append(f"is at {state['at']}{age(state.get('at_since'))}")
-    if state.get("phase"):
-        since = state.get("phase_since")
-        opened = f" for {seconds(now - float(since))}" if since else ""
-        parts.append(f"inside {' > '.join(str(state['phase']).split('/'))}{opened}")
-    step = state.get("step")
-    parts.append(f"last step {step}" if step is not None else "no step logged")
-    where = f"pid {state.get('pid')} on {state.get('node')}"
-    if state.get("node_id"):
-        where += f", node {str(state['node_id'])[:8]}…"
+    if state.wait is not None and state.wait.words:
+        parts.append(f"waits on {state.wait.words}{age(state.wait.since)}")
+    elif state.at:
+        parts.append(f"is at {state.at}{age(state.at_since)}")
+    if state.phase:
+        since = state.phase_since
+        opened = f" for {seconds(now - since)}" if since else ""
+        parts.append(f"inside {' > '.join(state.phase.split('/'))}{opened}")
+    parts.append(f"last step {state.step}" if state.step is not None else "no step logged")
+    where = f"pid {state.pid} on {state.node}"
+    if state.node_id:
+        where += f", node {state.node_id[:8]}…"
     parts.append(where)
-    said = now - float(state.get("published") or now)
-    return ", ".join(parts) + f"; as it said {seconds(said)} ago"
+    return ", ".join(parts) + f"; as it said {seconds(now - state.published)} ago"
 
 
-def _summary(state: Mapping[str, Any], now: float) -> dict[str, Any]:
-    wait = state.get("wait") if isinstance(state.get("wait"), Mapping) else None
+def _summary(state: JobState, now: float) -> dict[str, Any]:
     return {
-        "name": name_of(state),
-        "role": state.get("role"),
-        "rank": state.get("rank"),
-        "pid": state.get("pid"),
-        "node": state.get("node"),
-        "node_id": state.get("node_id"),
-        "actor": state.get("actor"),
-        "run_id": state.get("run_id"),
-        "attempt": state.get("attempt"),
-        "step": state.get("step"),
-        "phase": state.get("phase"),
-        "at": state.get("at"),
-        "wait": wait.get("words") if wait else None,
-        "collectives": state.get("collectives") or {},
-        "seconds_old": round(now - float(state.get("published") or now), 3),
+        "name": state.name(),
+        "role": state.role,
+        "rank": state.rank,
+        "pid": state.pid,
+        "node": state.node,
+        "node_id": state.node_id,
+        "actor": state.actor,
+        "run_id": state.run_id,
+        "attempt": state.attempt,
+        "step": state.step,
+        "phase": state.phase,
+        "at": state.at,
+        "wait": None if state.wait is None else state.wait.words,
+        "collectives": {group: count.to_json() for group, count in state.collectives.items()},
+        "seconds_old": round(now - state.published, 3),
     }
 
 
 def _collective_odd_ones(
-    alive: Sequence[Mapping[str, Any]], now: float
+    alive: Sequence[JobState], now: float
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """For each process group where some rank waits in a collective: the ranks that entered
     fewer collectives on it than the ones waiting."""
     sentences: list[str] = []
     odd: list[dict[str, Any]] = []
-    waiting: dict[str, list[Mapping[str, Any]]] = {}
+    waiting: dict[str, list[JobState]] = {}
     for state in alive:
-        wait = state.get("wait")
-        if isinstance(wait, Mapping) and wait.get("kind") == "collective" and wait.get("group"):
-            waiting.setdefault(str(wait["group"]), []).append(state)
+        wait = state.wait
+        if wait is not None and wait.kind == "collective" and wait.group:
+            waiting.setdefault(wait.group, []).append(state)
     for group, in_it in waiting.items():
-        counts = [_count(s, group) for s in in_it]
-        known = [c for c in counts if c is not None]
+        known = [c for c in (_count(s, group) for s in in_it) if c is not None]
         if not known:
             continue
         top = max(known)
         ahead = [s for s in in_it if _count(s, group) == top]
-        behind = [s for s in alive if s not in ahead and _count(s, group) is not None
-                  and _count(s, group) < top]  # type: ignore[operator]  # fmt: skip
+        behind = [(s, count) for s in alive if s not in ahead
+                  for count in [_count(s, group)] if count is not None and count < top]  # fmt: skip
         if not behind:
             continue
-        op = str(ahead[0]["wait"].get("op") or "collective")
+        first = ahead[0]
+        op = (first.wait.op if first.wait is not None else None) or "collective"
         label = "the default group" if group == "default" else f"group {group}"
-        size = (ahead[0].get("collectives") or {}).get(group, {}).get("size")
-        label += f" ({size} ranks)" if size else ""
-        for state in behind:
-            count = cast(int, _count(state, group))
+        entry = first.collectives.get(group)
+        label += f" ({entry.size} ranks)" if entry is not None and entry.size else ""
+        for state, count in behind:
             sentences.append(
                 f"{_rank_name(state)} has not joined {op} #{top:,} on {label}, which "
                 f"{_names(ahead, by_world_rank=True)} {'wait' if len(ahead) > 1 else 'waits'} "
@@ -163,48 +158,44 @@ def _collective_odd_ones(
     return sentences, odd
 
 
-def _count(state: Mapping[str, Any], group: str) -> int | None:
-    entry = (state.get("collectives") or {}).get(group)
-    count = entry.get("count") if isinstance(entry, Mapping) else None
-    return count if isinstance(count, int) else None
+def _count(state: JobState, group: str) -> int | None:
+    entry = state.collectives.get(group)
+    return None if entry is None else entry.count
 
 
-def _position(state: Mapping[str, Any]) -> tuple[Any, Any]:
-    wait = state.get("wait") if isinstance(state.get("wait"), Mapping) else {}
-    return state.get("phase"), (wait or {}).get("kind") or state.get("at")
+def _position(state: JobState) -> tuple[str | None, str | None]:
+    return state.phase, (state.wait.kind if state.wait is not None else None) or state.at
 
 
-def _position_words(state: Mapping[str, Any]) -> str:
+def _position_words(state: JobState) -> str:
     """Where the most of a role are: ``inside rollout, waiting on Queue.get``."""
-    wait = state.get("wait") if isinstance(state.get("wait"), Mapping) else None
-    parts = [f"inside {' > '.join(str(state['phase']).split('/'))}" if state.get("phase")
+    parts = [f"inside {' > '.join(state.phase.split('/'))}" if state.phase
              else "outside any timer"]  # fmt: skip
-    parts.append(f"waiting on {wait['words']}" if wait else f"at {state.get('at')}")
+    parts.append(f"waiting on {state.wait.words}" if state.wait else f"at {state.at}")
     return ", ".join(parts)
 
 
 def _role_odd_ones(
-    alive: Sequence[Mapping[str, Any]], named: set[tuple[Any, Any]], now: float
+    alive: Sequence[JobState], named: set[tuple[str | None, int | None]], now: float
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """Within each role of three processes or more: the ones not where most of them are."""
     sentences: list[str] = []
     odd: list[dict[str, Any]] = []
-    roles: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
+    roles: dict[tuple[str | None, str | None], list[JobState]] = {}
     for state in alive:
-        roles.setdefault((state.get("role"), state.get("actor")), []).append(state)
+        roles.setdefault((state.role, state.actor), []).append(state)
     for peers in roles.values():
         if len(peers) < 3:
             continue
         (most, many), *_ = Counter(_position(s) for s in peers).most_common(1)
         if many <= len(peers) / 2:
             continue
-        others = [s for s in peers if _position(s) != most
-                  and (s.get("node"), s.get("pid")) not in named]  # fmt: skip
+        others = [s for s in peers if _position(s) != most and s.where not in named]
         if not others:
             continue
         alike = [s for s in peers if _position(s) == most]
         sentences.append(
-            f"{'; '.join(f'{name_of(s)} {_where_is(s, now)}' for s in others)}; not where "
+            f"{'; '.join(f'{s.name()} {_where_is(s, now)}' for s in others)}; not where "
             f"{_names(alike)} are ({_position_words(alike[0])})"
         )
         odd += [_summary(s, now) for s in others]
@@ -217,34 +208,33 @@ def job_verdict(found: JobStates, now: float) -> JobVerdict:
     verdict.processes = [_summary(s, now) for s in found.states]
     verdict.missing = list(found.unreadable)
     verdict.unknown = list(found.unreadable)
-    alive: list[dict[str, Any]] = []
-    silent: list[dict[str, Any]] = []
-    ended: list[dict[str, Any]] = []
+    alive: list[JobState] = []
+    silent: list[JobState] = []
+    ended: list[JobState] = []
     for state in found.states:
-        if isinstance(state.get("ended"), (int, float)):
+        if state.ended is not None:
             ended.append(state)
             continue
-        published = float(state.get("published") or 0)
-        every = float(state.get("every") or 0)
-        (silent if now - published > max(SILENT_AFTER, 4 * every) else alive).append(state)
+        quiet = now - state.published > max(SILENT_AFTER, 4 * (state.every or 0))
+        (silent if quiet else alive).append(state)
     sentences, odd = _collective_odd_ones(alive, now)
     named = {(s.get("node"), s.get("pid")) for s in odd}
     more, more_odd = _role_odd_ones(alive, named, now)
     sentences += more
     odd += more_odd
     for state in silent:
-        published = float(state.get("published") or 0)
+        published = state.published
         verdict.not_heard_from.append({**_summary(state, now), "last_heard": _clock(published)})
         sentences.append(
-            f"{_rank_name(state)} (pid {state.get('pid')} on {state.get('node')}) has not been "
+            f"{_rank_name(state)} (pid {state.pid} on {state.node}) has not been "
             f"heard from since {_clock(published)} ({seconds(now - published)} ago), when it "
             + _where_is(state, published).split("; as it")[0]
         )
     for state in ended:
-        at, step = float(state["ended"]), state.get("step")
+        at, step = cast(float, state.ended), state.step
         verdict.ended.append({**_summary(state, now), "ended": _clock(at)})
         sentences.append(
-            f"{_rank_name(state)} (pid {state.get('pid')} on {state.get('node')}) finished its "
+            f"{_rank_name(state)} (pid {state.pid} on {state.node}) finished its "
             f"run at {_clock(at)} ({seconds(now - at)} ago)"
             + ("" if step is None else f", after step {step}")
         )

@@ -119,6 +119,7 @@ class _Wait:
     url: str | None = None
     lock: locks.Taken | None = None  # lock: the lock being taken
     group: str | None = None  # collective: the process group's name (``default``, its desc)
+    op: str | None = None  # collective: the torch.distributed function (``all_reduce``)
     #: What could not be known of it, for the verdict's ``missing``.
     unknown: str | None = None
 
@@ -237,7 +238,7 @@ def _collective_wait(frames: list[FrameType]) -> _Wait | None:
             details.insert(0, f"{str(tensor.dtype).replace('torch.', '')} {list(tensor.shape)}")
         words = f"torch.distributed.{op}" + (f" ({', '.join(details)})" if details else "")
         wait = _Wait("collective", words, f"its stack, frame {_where(frame)}")
-        wait.group = group_name(group)
+        wait.group, wait.op = group_name(group), op
         return wait
     return None
 

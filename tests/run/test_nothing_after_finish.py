@@ -58,9 +58,9 @@ def test_after_finish_no_thread_of_otel_rl_is_alive_and_the_board_says_the_run_e
     # The job's board (WORLD_SIZE 2: a directory of the shared log_dir) holds the last state,
     # published at finish(): it says when the process ended, and where it was.
     (state,) = DirectoryBoard(tmp_path / "logs" / "job", started=0.0).read()[0]
-    assert state["step"] == 4
-    assert out["ended"] - 30 < state["ended"] <= out["ended"]
-    assert state["published"] >= state["ended"]
+    assert state.step == 4 and state.ended is not None
+    assert out["ended"] - 30 < state.ended <= out["ended"]
+    assert state.published >= state.ended
 
 
 @pytest.mark.slow
@@ -97,7 +97,7 @@ def test_the_publisher_runs_until_the_last_logger_of_the_process_finished(tmp_pa
         states = DirectoryBoard(__import__("pathlib").Path(f"{root}/b/job"), started=0.0).read()[0]
         second.finish()
         print(json.dumps({"after_first": after_first, "after_second": publishing(),
-                          "ended_before": [s["ended"] for s in states]}))
+                          "ended_before": [s.ended for s in states]}))
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "WORLD_SIZE": "2"}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env,
@@ -114,11 +114,12 @@ def test_a_process_that_finished_is_said_to_have_ended_not_to_have_gone_silent(t
     found = JobStates()
     found.states = DirectoryBoard(tmp_path / "logs" / "job", started=0.0).read()[0]
     (state,) = found.states
-    verdict = job_verdict(found, now=state["ended"] + 10 * SILENT_AFTER)
+    assert state.ended is not None
+    verdict = job_verdict(found, now=state.ended + 10 * SILENT_AFTER)
     assert verdict.not_heard_from == []
     (ended,) = verdict.ended
-    assert ended["pid"] == state["pid"] and ended["step"] == 4
-    assert f"(pid {state['pid']} on {state['node']}) finished its run at " in verdict.sentence
+    assert ended["pid"] == state.pid and ended["step"] == 4
+    assert f"(pid {state.pid} on {state.node}) finished its run at " in verdict.sentence
     assert verdict.sentence.endswith(f"({10 * SILENT_AFTER:.0f} s ago), after step 4"), (
         verdict.sentence
     )
@@ -140,6 +141,6 @@ def test_a_state_written_before_ended_existed_still_reads_as_silent(tmp_path):
     found = JobStates()
     found.states = DirectoryBoard(board, started=0.0).read()[0]
     (state,) = found.states
-    assert state["ended"] is None
+    assert state.ended is None
     verdict = job_verdict(found, now=1000.0 + 10 * SILENT_AFTER)
     assert verdict.ended == [] and len(verdict.not_heard_from) == 1

@@ -5,6 +5,7 @@ and a real HTTP server that never answers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from otel_rl.watch.job_state import (
     TorchStoreBoard,
 )
 from otel_rl.watch.job_verdict import job_verdict
+from otel_rl.watch.process_state import GroupCount, JobState, Wait
 from testkit.servers import free_port
 from tests.sources.test_verdict import SilentServer
 
@@ -241,10 +243,10 @@ def test_a_closed_store_is_said_once_by_the_publisher_and_in_the_verdict(otel_rl
     master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=5))  # fmt: skip
     board = TorchStoreBoard("127.0.0.1", port, world_size=2)
-    state = {"rank": 1, "world_rank": 1, "step": 7, "published": time.time()}
-    board.put(state, json.dumps(state).encode())
+    state = JobState(published=time.time(), rank=1, world_rank=1, step=7)
+    board.put(state, state.to_json())
     states, missing = board.read()
-    assert [(s["rank"], s["step"]) for s in states] == [(1, 7)] and missing == ["rank 0"]
+    assert [(s.rank, s.step) for s in states] == [(1, 7)] and missing == ["rank 0"]
     publisher = StatePublisher(lambda: (7, time.time()), role="trainer", rank=1)
     publisher.boards = lambda: [board]  # type: ignore[method-assign]
     publisher.publish()
@@ -261,7 +263,7 @@ def test_a_closed_store_is_said_once_by_the_publisher_and_in_the_verdict(otel_rl
     )
     verdict = job_verdict(found, time.time())
     assert verdict.missing == verdict.unknown == found.unreadable
-    assert [s["rank"] for s in found.states] == [1]  # its own state, made at the reading
+    assert [s.rank for s in found.states] == [1]  # its own state, made at the reading
 
 
 # The training thread (the main one, inside a timer) waits on a URL with credentials; the
@@ -423,11 +425,12 @@ def test_a_wait_on_a_url_with_a_password_publishes_the_host_never_the_password(t
         waiting.communicate(timeout=30)
         server.hang_up()
     (path,) = (tmp_path / "job").glob("*.json")
-    state = json.loads(path.read_text())
-    assert state["wait"]["kind"] == "http", state
-    assert state["wait"]["host"] == f"127.0.0.1:{server.port}"
-    assert f"127.0.0.1:{server.port}/v1/reward" in state["wait"]["words"]
-    assert state["phase"] == "reward" and state["pid"] == waiting.pid
+    state = JobState.from_json(path.read_bytes())
+    assert state is not None and state.wait is not None, path.read_text()
+    assert state.wait.kind == "http", state
+    assert state.wait.host == f"127.0.0.1:{server.port}"
+    assert f"127.0.0.1:{server.port}/v1/reward" in state.wait.words
+    assert state.phase == "reward" and state.pid == waiting.pid
     assert b"s3cr3t-pass-word" not in path.read_bytes()
     found = JobStates()
     found.states = [state]
@@ -452,13 +455,13 @@ def test_a_state_stays_small_whatever_the_program_names_and_keeps_nothing_alive(
     with PhaseTimer(lambda _: None, "timing/x", "x" * 10_000):
         publisher.publish()
     (path,) = (tmp_path / "job").glob("*.json")
-    state = json.loads(path.read_text())
-    assert state["step"] == 41 and state["phase"] == "x" * 299 + "…"
-    assert state["role"] == "r" * 299 + "…"
+    state = JobState.from_json(path.read_bytes())
+    assert state is not None and state.step == 41 and state.phase == "x" * 299 + "…"
+    assert state.role == "r" * 299 + "…"
     assert path.stat().st_size < 2_000
     del loop
     gc.collect()
-    assert publisher.state()["step"] is None
+    assert publisher.state().step is None
 
 
 def test_a_state_that_is_not_one_costs_only_itself(tmp_path):
@@ -484,10 +487,10 @@ def test_a_state_that_is_not_one_costs_only_itself(tmp_path):
     (directory / "bytes.json").write_bytes(b"\xff\xfe{")
     (directory / "huge.json").write_text(json.dumps(bad["huge"]))
     states, _ = DirectoryBoard(directory).read()
-    assert sorted(s["pid"] for s in states) == [11, 12]  # the dict node becomes text
-    by_pid = {s["pid"]: s for s in states}
-    assert by_pid[11]["collectives"] == {"default": {"count": 5, "size": 2}}
-    assert by_pid[12]["node"] == "{'a': 1}"
+    assert sorted(s.pid for s in states) == [11, 12]  # the dict node becomes text
+    by_pid = {s.pid: s for s in states}
+    assert by_pid[11].collectives == {"default": GroupCount(count=5, size=2)}
+    assert by_pid[12].node == "{'a': 1}"
     found = JobStates()
     found.states = states
     verdict = job_verdict(found, now)
@@ -500,13 +503,12 @@ def test_of_a_role_the_one_not_where_the_most_are_is_named():
     their processes publish them."""
     now = time.time()
 
-    def state(rank: int, phase: str, wait: dict | None, at: str) -> dict:
-        return {"role": "rollout", "rank": rank, "pid": 100 + rank, "node": f"n{rank % 2}",
-                "step": 9, "step_at": now - 50, "published": now - 1, "every": 5.0,
-                "phase": phase, "phase_since": now - 40, "at": at, "at_since": now - 40,
-                "wait": wait, "collectives": {}}  # fmt: skip
+    def state(rank: int, phase: str, wait: Wait | None, at: str) -> JobState:
+        return JobState(role="rollout", rank=rank, pid=100 + rank, node=f"n{rank % 2}",
+                        step=9, step_at=now - 50, published=now - 1, every=5.0, phase=phase,
+                        phase_since=now - 40, at=at, at_since=now - 40, wait=wait)  # fmt: skip
 
-    queue = {"kind": "sync", "words": "Queue.get (0 items queued)", "since": now - 40}
+    queue = Wait("Queue.get (0 items queued)", since=now - 40, kind="sync")
     found = JobStates()
     found.states = [
         state(0, "rollout", queue, "collect (loop.py:20)"),
@@ -524,7 +526,7 @@ def test_of_a_role_the_one_not_where_the_most_are_is_named():
     assert (odd["rank"], odd["at"], odd["phase"]) == (2, "score (reward.py:12)", "reward")
     assert verdict.not_heard_from == [] and verdict.missing == []
     # the same four when one has not published for a minute: it is not heard from, not odd
-    found.states[2]["published"] = now - 60
+    found.states[2] = dataclasses.replace(found.states[2], published=now - 60)
     verdict = job_verdict(found, now)
     assert verdict.odd_ones_out == [] and [p["rank"] for p in verdict.not_heard_from] == [2]
     assert verdict.sentence.startswith("rollout rank 2 (pid 102 on n0) has not been heard from ")

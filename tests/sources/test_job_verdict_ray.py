@@ -101,7 +101,7 @@ _DRIVER = textwrap.dedent("""
     deadline = time.monotonic() + 30
     while True:
         states, _ = board.read()
-        if [s["role"] for s in states] == ["driver"] or time.monotonic() > deadline:
+        if [s.role for s in states] == ["driver"] or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     from ray._private.worker import global_worker
@@ -109,7 +109,7 @@ _DRIVER = textwrap.dedent("""
                                                      RayBoard.NAMESPACE, timeout=5)
     print(json.dumps({
         "places": places, "head": ray.get_runtime_context().get_node_id(),
-        "report": str(first_report(1)), "roles_after": [s["role"] for s in states],
+        "report": str(first_report(1)), "roles_after": [s.role for s in states],
         "keys_after": [k.decode() for k in keys], "job": board.job_id, "pid": os.getpid(),
     }))
 """)

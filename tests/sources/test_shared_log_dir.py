@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_rl.watch.job_state import DirectoryBoard, StatePublisher, TorchStoreBoard
+from otel_rl.watch.job_state import DirectoryBoard, JobState, StatePublisher, TorchStoreBoard
 from testkit.servers import free_port
 from testkit.waiting import wait_for
 
@@ -332,11 +332,12 @@ def test_a_state_of_another_job_or_attempt_or_naming_none_is_read_but_not_compar
     for name, state in written.items():
         (tmp_path / "job" / f"{name}.json").write_text(json.dumps(state))
     states, _ = board.read()
-    assert sorted(s["pid"] for s in states) == [11, 12, 13, 14]
+    assert sorted(s.pid for s in states) == [11, 12, 13, 14]
+    assert {s.version for s in states} == {1}  # written before states said their version
     found = publisher.read()
-    assert sorted(s["pid"] for s in found.states) == sorted([14, os.getpid()])
-    own = next(s for s in found.states if s["pid"] == os.getpid())
-    assert (own["run_id"], own["attempt"], own["job"]) == ("run-a", 2, board.job)
+    assert sorted(s.pid for s in found.states) == sorted([14, os.getpid()])
+    own = next(s for s in found.states if s.pid == os.getpid())
+    assert (own.run_id, own.attempt, own.job, own.version) == ("run-a", 2, board.job, 2)
 
 
 @pytest.mark.slow  # importing torch takes seconds
@@ -352,9 +353,9 @@ def test_the_torch_store_keys_of_an_earlier_restart_are_not_read(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     first = TorchStoreBoard("127.0.0.1", port, world_size=2)
-    state = {"rank": 1, "world_rank": 1, "step": 7, "published": time.time()}
-    first.put(state, json.dumps(state).encode())
-    assert [s["step"] for s in first.read()[0]] == [7]
+    state = JobState(published=time.time(), rank=1, world_rank=1, step=7)
+    first.put(state, state.to_json())
+    assert [s.step for s in first.read()[0]] == [7]
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     again = TorchStoreBoard("127.0.0.1", port, world_size=2)
     assert again.read() == ([], ["rank 0", "rank 1"])
