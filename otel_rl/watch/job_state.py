@@ -42,7 +42,9 @@ from otel_rl.watch.locks import where as _where
 from otel_rl.watch.process_state import MAX_STATE_BYTES, GroupCount, JobState, Wait
 from otel_rl.watch.process_state import text as _text
 from otel_rl.watch.stalls import open_phases_with_deadlines, write_whole
-from otel_rl.watch.verdict import _frames, _user_frame, group_name, recognise, training_thread
+from otel_rl.watch.waits import frames_of, recognise, training_thread, user_frame
+from otel_rl.watch.waits.collective import CollectiveWait, group_name
+from otel_rl.watch.waits.http_request import HttpWait
 
 __all__ = [
     "PUBLISH_EVERY",
@@ -200,9 +202,9 @@ def process_state(
         state["phase"], state["phase_since"] = _text(path), now - (mono - began)
     frame = sys._current_frames().get(ident) if ident is not None else None
     try:
-        frames = _frames(frame)
+        frames = frames_of(frame)
         if frames:
-            line = _text(_where(_user_frame(frames)))
+            line = _text(_where(user_frame(frames)))
             state["at"], state["at_since"] = line, since.of("at", line, now)
         wait = recognise(frame, user_locals=False)  # every 5 s: the program's locals untouched
     except Exception:  # a frame torn down meanwhile: this publication goes without it
@@ -211,9 +213,9 @@ def process_state(
         del frame
     if wait is not None and wait.kind != "code":
         words = _text(wait.words)
-        state["wait"] = Wait(words, since.of("wait", words, now), wait.kind,
-                             None if wait.host is None else _text(wait.host), wait.op,
-                             wait.group)  # fmt: skip
+        host = _text(wait.host) if isinstance(wait, HttpWait) and wait.host else None
+        op, group = (wait.op, wait.group) if isinstance(wait, CollectiveWait) else (None, None)
+        state["wait"] = Wait(words, since.of("wait", words, now), wait.kind, host, op, group)
     state["collectives"] = collective_counts()
     return JobState.of(state)
 

@@ -27,7 +27,7 @@ import pytest
 from otel_rl import Logger
 from otel_rl.telemetry.timing import phase_history
 from otel_rl.watch.stalls import p95, seconds
-from otel_rl.watch.verdict import innermost_of
+from otel_rl.watch.waits.ray_task import innermost_of
 from testkit.readers import jsonl_rows
 from testkit.servers import free_port
 from testkit.waiting import wait_for

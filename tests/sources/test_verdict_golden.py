@@ -63,7 +63,7 @@ def _verdict_of(
         try:
             time.sleep(after)
             report = StallReport(run_id="golden", step=3, began=time.time(), since_step=12.0,
-                                 threshold=10.0, threshold_reason="10 × p95")  # fmt: skip
+                                 threshold=10.0, threshold_reason="10 x p95")  # fmt: skip
             made.append(build_verdict(report, engines=engines, skip=threading.get_ident()))
         finally:
             release()
