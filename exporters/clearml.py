@@ -251,3 +251,17 @@ def _parameter(value: Any) -> Any:
         return value
     return str(value)
 
+
+
+def table_to_process_task(key: str, table: list[list[Any]], step: int) -> bool:
+    """A table (its header row first) under ``key`` into the ClearML task this process started
+    itself (``Task.current_task()``), without importing ClearML; ``False`` when there is none."""
+    import sys
+
+    clearml = sys.modules.get("clearml")
+    task = clearml.Task.current_task() if clearml is not None else None
+    if task is None:
+        return False
+    title, series = title_series(key)
+    task.get_logger().report_table(title, series, iteration=step, table_plot=table)
+    return True

@@ -229,3 +229,16 @@ def _summary(value: HistogramValue) -> dict[str, float]:
         "min": value.min,
         "max": value.max,
     }
+
+
+def text_to_process_run(key: str, text: str, step: int) -> bool:
+    """Text under ``key`` into the SwanLab run this process started itself, without importing
+    SwanLab; ``False`` when there is none."""
+    import sys
+
+    swanlab = sys.modules.get("swanlab")
+    has_run = getattr(swanlab, "get_run", None) if swanlab is not None else None
+    if swanlab is None or has_run is None or has_run() is None:
+        return False
+    swanlab.log({key: swanlab.Text(text)}, step=step)
+    return True

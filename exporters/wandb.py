@@ -269,3 +269,19 @@ def _new_run_id() -> str:
     """A run id as W&B makes them: eight lowercase letters and digits."""
     alphabet = string.ascii_lowercase + string.digits
     return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+def table_to_process_run(
+    key: str, table: Callable[[], tuple[list[str], list[list[Any]]]], step: int
+) -> bool:
+    """The table ``table()`` makes (its columns and rows, made only when there is a run) under
+    ``key`` into the W&B run this process started itself (``wandb.run``, not one of otel-rl's),
+    without importing W&B; ``False`` when there is none."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is None or getattr(wandb, "run", None) is None:
+        return False
+    columns, data = table()
+    wandb.log({key: wandb.Table(columns=columns, data=data)}, step=step)
+    return True

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -366,11 +365,11 @@ class ValidationGenerationsLogger:
         return core
 
     def _to_process_clearml_task(self, rows: list[tuple[Any, ...]], step: int) -> None:
-        from otel_rl.exporters.clearml import title_series
+        from otel_rl.exporters.clearml import table_to_process_task
 
-        clearml = sys.modules.get("clearml")  # no import: without it there is no task
-        task = clearml.Task.current_task() if clearml is not None else None
-        if task is None:
+        columns, body = clearml_generations(rows, step)
+        table = [list(columns), *[list(row) for row in body]]
+        if not table_to_process_task(GENERATIONS_KEY, table, step):
             self._warn_once(
                 "clearml",
                 "otel-rl: validation generations at step %s not logged to clearml: no live "
@@ -378,15 +377,11 @@ class ValidationGenerationsLogger:
                 "Tracking)",
                 step,
             )
-            return
-        columns, body = clearml_generations(rows, step)
-        title, series = title_series(GENERATIONS_KEY)
-        table = [list(columns), *[list(row) for row in body]]
-        task.get_logger().report_table(title, series, iteration=step, table_plot=table)
 
     def _to_process_wandb_run(self, rows: list[tuple[Any, ...]], step: int) -> None:
-        wandb = sys.modules.get("wandb")  # no import: without it there is no run to log to
-        if wandb is None or getattr(wandb, "run", None) is None:
+        from otel_rl.exporters.wandb import table_to_process_run
+
+        if not table_to_process_run(GENERATIONS_KEY, lambda: self._wide_table(rows, step), step):
             self._warn_once(
                 "wandb",
                 "otel-rl: validation generations at step %s not logged to wandb: no live "
@@ -394,16 +389,13 @@ class ValidationGenerationsLogger:
                 "Tracking)",
                 step,
             )
-            return
-        columns, data = self._wide_table(rows, step)
-        wandb.log({GENERATIONS_KEY: wandb.Table(columns=columns, data=data)}, step=step)
 
     def _to_process_swanlab_run(self, rows: list[tuple[Any, ...]], step: int) -> None:
+        from otel_rl.exporters.swanlab import text_to_process_run
         from otel_rl.exporters.tensorboard_summaries import markdown_table
 
-        swanlab = sys.modules.get("swanlab")
-        has_run = getattr(swanlab, "get_run", None) if swanlab is not None else None
-        if has_run is None or has_run() is None:
+        if not text_to_process_run(GENERATIONS_KEY, markdown_table(GENERATIONS_COLUMNS, rows),
+                                   step):  # fmt: skip
             self._warn_once(
                 "swanlab",
                 "otel-rl: validation generations at step %s not logged to swanlab: no live "
@@ -411,10 +403,6 @@ class ValidationGenerationsLogger:
                 "Tracking)",
                 step,
             )
-            return
-        assert swanlab is not None  # has_run came from it
-        text = markdown_table(GENERATIONS_COLUMNS, rows)
-        swanlab.log({GENERATIONS_KEY: swanlab.Text(text)}, step=step)
 
     def _warn_once(self, what: str, message: str, *args: Any) -> None:
         if what not in self._warned:

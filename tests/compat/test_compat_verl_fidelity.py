@@ -192,3 +192,57 @@ def test_mlflow_names_are_verls_with_the_trackers_in_the_delivery_process(workdi
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("verl-names-process").experiment_id])
     assert sorted(run.data.metrics) == sorted(VERL_NAMES.values())
+
+
+_OWN_RUNS = """
+import sys, wandb, swanlab
+from otel_rl.compat.verl import ValidationGenerationsLogger
+
+root = sys.argv[1]
+run = wandb.init(project="gsm8k", name="ppo", mode="offline", dir=f"{root}/wandb-root")
+swanlab.init(project="gsm8k", experiment_name="ppo", mode="offline", logdir=f"{root}/swanlog")
+generations = ValidationGenerationsLogger("gsm8k", "ppo")
+for step in (2, 4):
+    samples = [("What is 2+2?", "4", 1.0 * step), ("What is 3+3?", "7", 0.0)]
+    generations.log(["wandb", "swanlab"], samples, step)
+generations.finish()
+run.finish()
+swanlab.finish()
+"""
+
+
+@pytest.mark.slow  # two tracker SDKs started in a process of their own
+def test_standalone_generations_reach_the_process_own_wandb_and_swanlab_runs(workdir):
+    """verl's rollouter in a process whose W&B and SwanLab runs it started itself (no Tracking):
+    the generations go into those runs, W&B's as verl's wide table (rows accumulating),
+    SwanLab's as Markdown text; read back with each tracker's own files."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("wandb")
+    pytest.importorskip("swanlab")
+    from testkit.tracker_readers import read_swanlab, read_wandb, wandb_run_dirs
+
+    env = {**__import__("os").environ, "PYTHONPATH": __import__("os").pathsep.join(sys.path),
+           "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
+           "SWANLAB_ROOT": str(workdir / "swanlab-root")}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _OWN_RUNS, str(workdir)], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "not logged" not in done.stderr
+
+    (run_dir,) = wandb_run_dirs(workdir / "wandb-root")
+    tables = [r for r in read_wandb(run_dir).history if "val/generations._type" in r]
+    assert [r["_step"] for r in tables] == [2, 4]
+    table = json.loads((run_dir / "files" / tables[-1]["val/generations.path"]).read_text())
+    assert table["columns"] == ["step", "input_1", "output_1", "score_1", "input_2",
+                                "output_2", "score_2"]  # fmt: skip
+    assert table["data"] == [[2, "What is 2+2?", "4", 2.0, "What is 3+3?", "7", 0.0],
+                             [4, "What is 2+2?", "4", 4.0, "What is 3+3?", "7", 0.0]]  # fmt: skip
+
+    (swan_dir,) = [p for p in (workdir / "swanlog").glob("run-*") if p.is_dir()]
+    swan = read_swanlab(swan_dir)
+    assert [(s, kind) for s, kind, _ in swan.media["val/generations"]] == [
+        (2, "COLUMN_TYPE_TEXT"), (4, "COLUMN_TYPE_TEXT")]
+    (_, _, (filename,)) = swan.media["val/generations"][1]
+    assert "| What is 2+2? | 4 | 4.0 |" in swan.media_file("text", filename).read_text()
