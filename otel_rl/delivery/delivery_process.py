@@ -29,7 +29,7 @@ from otel_rl.delivery import link_messages as say
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.delivery.frames import read_frames, record_from_body
 from otel_rl.delivery.intake import forget_launch
-from otel_rl.delivery.link_child import CHILD_GRACE
+from otel_rl.delivery.link_handle import DELIVERY_GRACE
 from otel_rl.delivery.spool import spool_for
 from otel_rl.process.cores import keep_process_to
 from otel_rl.process.deadline import Deadline, Part, stop_in_parallel
@@ -296,7 +296,7 @@ def serve(records_fd: int, status: Status, build: BuildTrackers) -> int:
         exit_code, deadline = KILLED_EXIT_CODE, Deadline(float(settings["shutdown_timeout"]))
     else:
         exit_code, deadline = end
-    stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + CHILD_GRACE)
+    stop_in_parallel(trackers.stopping(deadline, exit_code), deadline.at + DELIVERY_GRACE)
     done.set()
     status.send(**feed.status(), finished={e.name: int(e.undelivered) for e in exporters})
     if exit_code == KILLED_EXIT_CODE and settings.get("handoff_dir"):  # its training process died

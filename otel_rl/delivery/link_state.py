@@ -1,7 +1,7 @@
 """What every part of the delivery process's link reads and writes under its one lock: how far
 the run and the child have got, and the link's counts of records per tracker.
 
-The link's parts (``link_backlog``, ``link_writer``, ``link_status``, ``link_child`` and the
+The link's parts (``link_backlog``, ``link_writer``, ``link_status``, ``link_handle`` and the
 facade ``service_link``) hold this object and take ``cond`` from it each time: a fork child
 replaces the lock (the parent's may be held by a thread the child does not have).
 """

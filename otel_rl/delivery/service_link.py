@@ -44,8 +44,8 @@ uses (the training thread's ``send``, ``flush``, ``setup``, and what the child h
 :class:`ServiceTracker` each tracker's proxy; ``link_state`` holds the one lock, the flags and
 the counts per tracker that every part shares; ``link_backlog`` what waits for the pipe and
 what is kept until spooled; ``link_writer`` the pusher thread (pipe and handoff files);
-``link_status`` the status reader; ``link_child`` the child's start, end and leftovers; and
-``link_messages`` every word the link says to the user.
+``link_status`` the status reader; ``link_handle`` the delivery process's start, end and
+leftovers; and ``link_messages`` every word the link says to the user.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from otel_rl.core.records import StepBatch
 from otel_rl.delivery.channel import COUNTERS
 from otel_rl.delivery.frames import encode_frame, record_body
 from otel_rl.delivery.link_backlog import Backlog
-from otel_rl.delivery.link_child import CHILD_GRACE, DeliveryChild
+from otel_rl.delivery.link_handle import DELIVERY_GRACE, DeliveryHandle
 from otel_rl.delivery.link_messages import say_sent_after_end, say_unpicklable
 from otel_rl.delivery.link_state import LinkState
 from otel_rl.delivery.link_status import StatusReader
@@ -69,7 +69,7 @@ from otel_rl.delivery.link_writer import FrameWriter
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.process.deadline import Deadline
 
-__all__ = ["CHILD_GRACE", "ServiceLink", "ServiceTracker"]
+__all__ = ["DELIVERY_GRACE", "ServiceLink", "ServiceTracker"]
 
 
 class ServiceLink:
@@ -91,7 +91,7 @@ class ServiceLink:
         self._backlog = Backlog(state, options, handoff=handoff_dir is not None)
         self._writer = FrameWriter(state, self._backlog, handoff_dir, options.fsync_interval)
         self._status = StatusReader(state, on_intake=self._backlog.let_go)
-        self._child = DeliveryChild(argv, settings, state, self._backlog, self._writer,
+        self._delivery = DeliveryHandle(argv, settings, state, self._backlog, self._writer,
                                     self._status)  # fmt: skip
         self._numbered = 0  # record frames numbered so far, in the order of the stream
         self._flush_ids = 0
@@ -101,7 +101,7 @@ class ServiceLink:
     def process(self) -> subprocess.Popen[bytes] | None:
         """The delivery process (a ``subprocess.Popen``); None before the start, or in a fork
         child."""
-        return self._child.process
+        return self._delivery.process
 
     @property
     def dead(self) -> bool:
@@ -158,7 +158,7 @@ class ServiceLink:
     def start(self, timeout: float = 120.0) -> None:
         """Start the child and wait until its trackers are started (their spools taken);
         raise :class:`ConfigError` with the child's reason when they cannot be."""
-        self._child.start(timeout)
+        self._delivery.start(timeout)
 
     def send(self, record: Any, names: Sequence[str]) -> None:
         """Hand ``record`` to the child for ``names``, from the training thread. Waits only as
@@ -197,7 +197,7 @@ class ServiceLink:
             for name in counted:
                 state.handed[name] += 1
             if state.orphaned:
-                self._child.keep_in_file([(number, frame, counted)])
+                self._delivery.keep_in_file([(number, frame, counted)])
                 return
             if checkpoint:
                 for name in names:
@@ -251,12 +251,12 @@ class ServiceLink:
     def finish(self, deadline: Deadline, exit_code: int) -> None:
         """Tell the child the run ended with ``exit_code``; it delivers what it can by
         ``deadline`` and closes the trackers. Killed if still there a second later."""
-        self._child.finish(deadline, exit_code)
+        self._delivery.finish(deadline, exit_code)
 
     def abandon_after_fork(self) -> None:
         """In a fork child: close this process's copies of the pipes (the child then sees the
         end of the records when the training process ends) and forget the parent's process."""
-        self._child.abandon_after_fork()
+        self._delivery.abandon_after_fork()
 
 
 class ServiceTracker:

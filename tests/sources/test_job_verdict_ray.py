@@ -91,8 +91,8 @@ _DRIVER = textwrap.dedent("""
     with logger.timer("train"):
         try:
             ray.get([w.step.remote(3) for w in group])
-        except ray.exceptions.RayActorError:
-            pass
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+            pass  # an actor killed, or a peer's all_reduce ended by that kill first
     ender.join(30)
     logger.finish()
 

@@ -38,6 +38,7 @@ _VARIABLE = [
     (re.compile(r"127\.0\.0\.1:\d+"), "127.0.0.1:<port>"),
     (re.compile(r"pid \d+"), "pid <pid>"),
     (re.compile(re.escape(sys.executable)), "<python>"),
+    (re.compile(r"Task-\d+"), "Task-<n>"),  # asyncio numbers the tasks of the process
 ]
 
 
@@ -144,7 +145,7 @@ def test_an_asyncio_task():
     said = _verdict_of("golden_asyncio", lambda: asyncio.run(score_the_rollouts()), stop.set)
     assert said == (
         "the training process waits in golden_asyncio (<t>; never completed before) on sleep in "
-        "asyncio task 'Task-1' at score_the_rollouts (test_verdict_golden.py:<n>): await "
+        "asyncio task 'Task-<n>' at score_the_rollouts (test_verdict_golden.py:<n>): await "
         "asyncio.sleep(0.05)"
     )
 

@@ -27,15 +27,16 @@ from otel_rl.delivery.spool import SpoolEnd, last_seq, spool_end
 from otel_rl.process.cores import spare_cores, thread_cores
 from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 
-__all__ = ["CHILD_GRACE", "DeliveryChild"]
+__all__ = ["DELIVERY_GRACE", "DeliveryHandle"]
 
 #: How long after the run's deadline the delivery process still waits for its trackers: past a
 #: channel's CLOSE_GRACE (its trackers' last words), short of SHUTDOWN_GRACE (its report here).
-CHILD_GRACE = 0.7 * SHUTDOWN_GRACE
+DELIVERY_GRACE = 0.7 * SHUTDOWN_GRACE
 
 
-class DeliveryChild:
-    """One delivery process: its start, its end, and what is left when it is gone."""
+class DeliveryHandle:
+    """The training process's handle on one delivery process: its start, its end, and what is
+    left when it is gone."""
 
     def __init__(
         self, argv: Sequence[str], settings: Mapping[str, Any], state: LinkState,
@@ -86,8 +87,8 @@ class DeliveryChild:
             self.kill()
             # A Logger() that raises leaves nothing running: the status thread hears the end
             # and tells the pusher, which then ends.
-            status.finished.wait(CHILD_GRACE)
-            self._writer.join(CHILD_GRACE)
+            status.finished.wait(DELIVERY_GRACE)
+            self._writer.join(DELIVERY_GRACE)
             self._writer.close()  # finish() closes the pipe only for a child that started
             if status.config_error:  # the same error as with the trackers in this process
                 raise ConfigError(reason)
@@ -128,15 +129,15 @@ class DeliveryChild:
                     state.cond.wait(0.05)
             self._writer.close_handoff()  # a file never named in the pipe: read at EOF
             self._writer.close()
-        # The child gives up CHILD_GRACE after the deadline; a little after that, it is killed
+        # The child gives up DELIVERY_GRACE after the deadline; a little after that, it is killed
         # here and what it never spooled goes to the leftover file, within the run's grace second.
-        finished = status.finished.wait(deadline.left() + CHILD_GRACE + 0.1)
+        finished = status.finished.wait(deadline.left() + DELIVERY_GRACE + 0.1)
         if not first:
             return
         if not finished and self.process is not None and self.process.poll() is None:
             state.killed = True
             # Its spools are read once it is dead: a write it was in the middle of lands first.
-            self.kill(wait=CHILD_GRACE)
+            self.kill(wait=DELIVERY_GRACE)
             status.finished.wait(0.1)  # the status thread has read the last report
             kept = self._orphan()
             say.say_killed_at_deadline(state.names, kept)
@@ -159,7 +160,7 @@ class DeliveryChild:
                 say.say_lost_on_the_way(name, lost)
         status.wait_said(deadline.at + 0.95 * SHUTDOWN_GRACE)
         # No thread of the link outlives it: the child, which said it finished, exits now.
-        status.join(min(deadline.at + 0.95 * SHUTDOWN_GRACE, time.monotonic() + CHILD_GRACE))
+        status.join(min(deadline.at + 0.95 * SHUTDOWN_GRACE, time.monotonic() + DELIVERY_GRACE))
 
     def _gone(self) -> None:
         """The status pipe ended: the child exited (or was killed). Before it started, that is
