@@ -92,7 +92,7 @@ def build_verdict(
         if wait.unknown is not None:
             verdict.missing.append(wait.unknown)
         wait.follow(Following(report, verdict, head, deadline,
-                              engines or (lambda: []), ident, phases, now))  # fmt: skip
+                              engines or (lambda: []), ident, phases, now, recognise))  # fmt: skip
         verb = "waits" if wait.kind != "code" else "is"
         head.text = f"{process} {verb} {where} " + ("on " if verb == "waits" else "at ")
         head.text += head.waits_on or wait.words

@@ -30,6 +30,8 @@ class Following:
     training: int | None  # the training thread's ident
     phases: Mapping[int, Sequence[tuple[str, float]]]  # every thread's open timer paths
     now: float  # monotonic
+    #: What a thread waits on, every kind tried (the package's ``recognise``): for a lock's holder
+    recognise: Callable[[FrameType | None], Wait | None]
 
 
 @dataclass

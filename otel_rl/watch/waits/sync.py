@@ -19,10 +19,12 @@ from otel_rl.watch import locks
 from otel_rl.watch.chain import Link
 from otel_rl.watch.locks import where as _where
 from otel_rl.watch.stalls import seconds
-from otel_rl.watch.waits import child_process, http_request, ray_task
 from otel_rl.watch.waits.base import Following, Wait
 from otel_rl.watch.waits.base import in_module as _in
 from otel_rl.watch.waits.base import local_vars as _locals
+from otel_rl.watch.waits.child_process import recognise as _subprocess_wait
+from otel_rl.watch.waits.http_request import recognise as _http_wait
+from otel_rl.watch.waits.ray_task import recognise as _ray_wait
 
 __all__ = ["LockWait", "SyncWait", "recognise", "recognise_loop"]
 
@@ -62,7 +64,7 @@ def recognise_loop(frames: list[FrameType]) -> Wait | None:
         return None
     pending = [(task, _awaited_frames(task.get_coro())) for task in tasks if not task.done()]
     for task, chain in pending:
-        for find in (ray_task.recognise, http_request.recognise, child_process.recognise):
+        for find in (_ray_wait, _http_wait, _subprocess_wait):
             found: Wait | None = find(chain) if chain else None
             if found is not None:
                 found.words += f" (asyncio task {task.get_name()!r})"
@@ -153,8 +155,6 @@ def _holder_links(first: LockWait, following: Following) -> None:
     """The thread holding the lock ``first`` is on and what it waits on in turn; when that is a
     lock again, its holder, until a thread waits on something else, or on a lock held by a
     thread already in the chain: a deadlock."""
-    from otel_rl.watch.waits import recognise  # the package's: every kind
-
     verdict, training, phases, now = (following.verdict, following.training, following.phases,
                                       following.now)  # fmt: skip
     frames = sys._current_frames()
@@ -192,7 +192,7 @@ def _holder_links(first: LockWait, following: Following) -> None:
                 text = f"{who} holds {that} ({holder.how}): {ending}"
                 verdict.chain.append(Link(who, None, None, None, evidence, text=text))
                 return
-            inner = recognise(frame)
+            inner = following.recognise(frame)
             if inner is None:
                 return
             stack = phases.get(holder.ident) or []
