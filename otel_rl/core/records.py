@@ -89,7 +89,7 @@ class Record:
     kinds: ClassVar[dict[str, type[Record]]] = {}
     #: ``(launch, frame)``: the frame that brought this record to a delivery process
     #: (``export.delivery: process``), kept on its spool line so that a record handed over
-    #: twice (a handoff file and the spool) is spooled once (``otel_rl/delivery/intake.py``).
+    #: twice (a handoff file and the spool) is spooled once (``otel_rl/delivery/handoff.py``).
     intake: tuple[str, int] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

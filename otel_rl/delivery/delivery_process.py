@@ -28,7 +28,7 @@ from otel_rl.core.failures import count_loss
 from otel_rl.delivery import link_messages as say
 from otel_rl.delivery.fanout import Fanout
 from otel_rl.delivery.frames import read_frames, record_from_body
-from otel_rl.delivery.intake import forget_launch
+from otel_rl.delivery.handoff import forget_launch
 from otel_rl.delivery.link_handle import DELIVERY_GRACE
 from otel_rl.delivery.spool import spool_for
 from otel_rl.process.cores import keep_process_to
@@ -99,7 +99,7 @@ def _handoff(path: Path) -> Iterator[tuple[Any, ...]]:
 
 class HandoffProgress:
     """How far every spool has got with the frames read: the training process keeps the frames
-    the pipe gave until then, and a handoff file stays until then (otel_rl/delivery/intake.py).
+    the pipe gave until then, and a handoff file stays until then (otel_rl/delivery/handoff.py).
     """
 
     def __init__(self, exporters: Sequence[Any]) -> None:

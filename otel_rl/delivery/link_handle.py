@@ -1,7 +1,7 @@
 """The delivery process's life as the training process sees it: started (its trackers' spools
 taken, or the reason they cannot be), told the run's end and deadline, killed a second after
 it, and when it is gone before the end of the run, what it may not have spooled written to the
-launch's leftover file for ``otel-rl replay`` (``otel_rl/delivery/intake.py``)."""
+launch's leftover file for ``otel-rl replay`` (``otel_rl/delivery/handoff.py``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from otel_rl.core.errors import ConfigError
 from otel_rl.core.failures import losses
 from otel_rl.delivery import link_messages as say
 from otel_rl.delivery.frames import encode_frame
-from otel_rl.delivery.intake import LaunchFiles
+from otel_rl.delivery.handoff import LaunchFiles
 from otel_rl.delivery.link_backlog import Backlog, Numbered
 from otel_rl.delivery.link_state import LinkState
 from otel_rl.delivery.link_status import StatusReader

@@ -31,7 +31,7 @@ bounded by the pipe and the child's half second of spooling); a handoff file sta
 too. When the child is gone before the end of the run (killed at the deadline, or died), the
 frames it had not said were spooled, those never sent and every record logged afterwards go to
 the launch's leftover file, and ``otel-rl replay`` spools them with the handoff files, each once
-(``otel_rl/delivery/intake.py``).
+(``otel_rl/delivery/handoff.py``).
 
 Frames (``otel_rl/delivery/frames.py``): ``("hello", settings)``, ``("rec", names, pickled
 record, number)``, ``("flush", id, seconds)``, ``("end", exit_code, seconds, at)``, ``("setup",

@@ -44,7 +44,7 @@ from typing import Any
 
 from otel_rl.config.loading import resolve_settings
 from otel_rl.delivery.channel import Channel
-from otel_rl.delivery.intake import complete_spools
+from otel_rl.delivery.handoff import complete_spools
 from otel_rl.delivery.registry import exporter_class
 from otel_rl.delivery.replay_plan import (
     ReplayPlan,

@@ -18,7 +18,7 @@ import pytest
 
 from otel_rl import Logger
 from otel_rl.delivery.frames import encode_frame
-from otel_rl.delivery.intake import complete_spools, highest_frame
+from otel_rl.delivery.handoff import complete_spools, highest_frame
 from otel_rl.delivery.spool import handoff_dir, spool_root, waiting_records
 from otel_rl.run.replay import replay
 from testkit.readers import jsonl_rows
