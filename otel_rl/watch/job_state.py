@@ -39,7 +39,7 @@ from typing import Any, Protocol, cast
 from otel_rl.process.fork_safe_log import log as _log
 from otel_rl.telemetry.timing import open_phases, phase_history
 from otel_rl.watch.locks import where as _where
-from otel_rl.watch.process_state import MAX_STATE_BYTES, GroupCount, JobState, Wait
+from otel_rl.watch.process_state import MAX_STATE_BYTES, GroupCount, JobState, PublishedWait
 from otel_rl.watch.process_state import text as _text
 from otel_rl.watch.stalls import open_phases_with_deadlines, write_whole
 from otel_rl.watch.waits import frames_of, recognise, training_thread, user_frame
@@ -215,7 +215,8 @@ def process_state(
         words = _text(wait.words)
         host = _text(wait.host) if isinstance(wait, HttpWait) and wait.host else None
         op, group = (wait.op, wait.group) if isinstance(wait, CollectiveWait) else (None, None)
-        state["wait"] = Wait(words, since.of("wait", words, now), wait.kind, host, op, group)
+        began = since.of("wait", words, now)
+        state["wait"] = PublishedWait(words, began, wait.kind, host, op, group)
     state["collectives"] = collective_counts()
     return JobState.of(state)
 

@@ -20,7 +20,8 @@ from typing import Any
 from otel_rl.core.redaction import redact_text
 from otel_rl.watch.stalls import read_number
 
-__all__ = ["MAX_STATE_BYTES", "MAX_TEXT", "STATE_VERSION", "GroupCount", "JobState", "Wait", "text"]
+__all__ = ["MAX_STATE_BYTES", "MAX_TEXT", "STATE_VERSION", "GroupCount", "JobState",
+           "PublishedWait", "text"]  # fmt: skip
 
 #: The format written; version 1 had no ``version`` field and reads the same.
 STATE_VERSION = 2
@@ -43,7 +44,7 @@ def _text_or_none(value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class Wait:
+class PublishedWait:
     """The innermost wait the verdict recognised on the process's training thread."""
 
     words: str  # "HTTP POST http://127.0.0.1:8000/v1/reward", "torch.distributed.all_reduce (…)"
@@ -57,7 +58,7 @@ class Wait:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None or k == "since"}
 
     @classmethod
-    def from_json(cls, raw: Any) -> Wait | None:
+    def from_json(cls, raw: Any) -> PublishedWait | None:
         if not isinstance(raw, dict) or not isinstance(raw.get("words"), str):
             return None
         kind, host, op, group = (_text_or_none(raw.get(k)) for k in ("kind", "host", "op", "group"))
@@ -114,7 +115,7 @@ class JobState:
     phase_since: float | None = None
     at: str | None = None  # one line of the training thread's stack, since ``at_since``
     at_since: float | None = None
-    wait: Wait | None = None
+    wait: PublishedWait | None = None
     collectives: dict[str, GroupCount] = field(default_factory=dict)
     ended: float | None = None  # Unix time its last Logger finished
     version: int = STATE_VERSION
@@ -179,7 +180,7 @@ class JobState:
                 if count is not None:
                     counts[text(group)] = count
         version = read_number(raw.get("version"), int) or 1
-        return cls(published=published, wait=Wait.from_json(raw.get("wait")),
+        return cls(published=published, wait=PublishedWait.from_json(raw.get("wait")),
                    collectives=counts, version=version, **fields)  # fmt: skip
 
     @classmethod

@@ -188,3 +188,14 @@ def test_no_module_of_otel_rl_imports_one_that_imports_it_back():
     (they run, later) and ``importlib.import_module`` of a name written out."""
     graph = _import_graph()
     assert [_way_round(circle, graph) for circle in _circles(graph)] == []
+
+
+def test_no_class_name_is_defined_twice_in_the_product():
+    """A class name says one thing: a reader who meets ``Wait`` or ``Stall`` knows which one."""
+    where: dict[str, list[str]] = {}
+    for _, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert {name: places for name, places in where.items() if len(places) > 1} == {}
+    assert len(where) > 100  # the walk found the product's classes

@@ -24,7 +24,7 @@ from otel_rl.watch.job_state import (
     TorchStoreBoard,
 )
 from otel_rl.watch.job_verdict import job_verdict
-from otel_rl.watch.process_state import GroupCount, JobState, Wait
+from otel_rl.watch.process_state import GroupCount, JobState, PublishedWait
 from testkit.servers import free_port
 from tests.sources.test_verdict import SilentServer
 
@@ -503,12 +503,12 @@ def test_of_a_role_the_one_not_where_the_most_are_is_named():
     their processes publish them."""
     now = time.time()
 
-    def state(rank: int, phase: str, wait: Wait | None, at: str) -> JobState:
+    def state(rank: int, phase: str, wait: PublishedWait | None, at: str) -> JobState:
         return JobState(role="rollout", rank=rank, pid=100 + rank, node=f"n{rank % 2}",
                         step=9, step_at=now - 50, published=now - 1, every=5.0, phase=phase,
                         phase_since=now - 40, at=at, at_since=now - 40, wait=wait)  # fmt: skip
 
-    queue = Wait("Queue.get (0 items queued)", since=now - 40, kind="sync")
+    queue = PublishedWait("Queue.get (0 items queued)", since=now - 40, kind="sync")
     found = JobStates()
     found.states = [
         state(0, "rollout", queue, "collect (loop.py:20)"),
