@@ -20,7 +20,7 @@ from otel_rl.delivery import link_messages as say
 from otel_rl.delivery.frames import encode_frame
 from otel_rl.delivery.handoff import LaunchFiles
 from otel_rl.delivery.link_backlog import Backlog, Numbered
-from otel_rl.delivery.link_state import LinkState
+from otel_rl.delivery.link_state import LinkState, Pipe
 from otel_rl.delivery.link_status import StatusReader
 from otel_rl.delivery.link_writer import FrameWriter, widen_pipe
 from otel_rl.delivery.spool import SpoolEnd, last_seq, spool_end
@@ -83,7 +83,7 @@ class DeliveryHandle:
         self._writer.start(encode_frame("hello", self._settings), own_cores)
         if not status.started.wait(timeout) or status.start_error is not None:
             reason = status.start_error or say.not_started_in(timeout)
-            state.killed = True  # no run was started: its end is no news
+            state.killed_here()  # no run was started: its end is no news
             self.kill()
             # A Logger() that raises leaves nothing running: the status thread hears the end
             # and tells the pusher, which then ends.
@@ -110,11 +110,7 @@ class DeliveryHandle:
         ``deadline`` and closes the trackers. Killed if still there a second later."""
         state, status = self._state, self._status
         with state.cond:
-            if state.ended:
-                first = False
-            else:
-                first, state.ended = True, True
-                state.cond.notify_all()
+            first = state.end_run_locked()
         if first and not state.dead:
             # The records go first. What this process still holds at the deadline never reached
             # the child: it goes to the leftover file once the child is stopped; the child,
@@ -123,8 +119,7 @@ class DeliveryHandle:
                 encode_frame("end", exit_code, deadline.left(), deadline.at), deadline
             )
             with state.cond:
-                state.dead = True  # the pusher stops within its poll: then the pipe can close
-                state.cond.notify_all()
+                state.close_pipe_locked()  # the pusher stops within its poll: then it can close
                 while self._backlog.pushing:
                     state.cond.wait(0.05)
             self._writer.close_handoff()  # a file never named in the pipe: read at EOF
@@ -135,7 +130,7 @@ class DeliveryHandle:
         if not first:
             return
         if not finished and self.process is not None and self.process.poll() is None:
-            state.killed = True
+            state.killed_here()
             # Its spools are read once it is dead: a write it was in the middle of lands first.
             self.kill(wait=DELIVERY_GRACE)
             status.finished.wait(0.1)  # the status thread has read the last report
@@ -150,7 +145,7 @@ class DeliveryHandle:
                         self._settings["shutdown_timeout"], status.spool_dirs[name],
                         self._writer.handoff_dir,
                     )  # fmt: skip
-        elif state.orphaned:  # the child died during the run: the records since then wait too
+        elif state.pipe is Pipe.TO_FILE:  # the child died during the run: what came since waits
             self._left_in_spools()
         if self._launch is not None:
             self._launch.release()
@@ -168,7 +163,6 @@ class DeliveryHandle:
         state, status = self._state, self._status
         code = self.process.wait() if self.process is not None else None
         with state.cond:
-            state.dead = True
             # An exit before the run's end (a start refused is none): what it had not spooled
             # goes to the leftover file. Records sent from now on wait for _orphan() to have
             # written it; after a normal end there is none to wait for (they are counted lost).
@@ -176,8 +170,9 @@ class DeliveryHandle:
                 status.started.is_set() and not state.killed and status.start_error is None
                 and (not state.ended or not status.finished.is_set())
             )  # fmt: skip
-            state.orphaning = early
-            state.cond.notify_all()
+            state.close_pipe_locked()
+            if early:
+                state.leaving_locked()
         if not status.started.is_set():
             status.start_error = status.start_error or say.exited_before_starting(code)
             status.started.set()
@@ -197,13 +192,11 @@ class DeliveryHandle:
         leftover file (no spool, or it cannot be written), as lost. True when it was written."""
         state = self._state
         with state.cond:
-            state.dead = state.orphaning = True
-            state.cond.notify_all()
+            state.leaving_locked()
             while self._backlog.pushing:  # the pusher stops within its poll; then no file grows
                 state.cond.wait(0.05)
-            if state.orphaned or state.unread_lost:
-                state.orphaning = False
-                return state.orphaned
+            if state.pipe in (Pipe.TO_FILE, Pipe.LOST):  # written already (or it could not be)
+                return state.pipe is Pipe.TO_FILE
             left = self._backlog.take_unspooled_locked()
         self._writer.close_handoff()
         left.sort(key=itemgetter(0))
@@ -215,10 +208,7 @@ class DeliveryHandle:
                     state.in_files[name] += count
                 else:
                     state.count("delivery_process", (name,), count)
-            state.orphaned = kept
-            state.unread_lost = not kept
-            state.orphaning = False
-            state.cond.notify_all()
+            state.left_locked(kept)
         return kept
 
     def keep_in_file(self, entries: list[Numbered]) -> None:
@@ -305,8 +295,7 @@ class DeliveryHandle:
         if self.process is None:
             return  # abandoned already (the link is shared by every tracker it delivers)
         state = self._state
-        state.dead = state.ended = True
-        state.renew_lock()
+        state.abandon_after_fork()
         self._backlog.entries.clear()
         self._backlog.kept.clear()
         self.process = None

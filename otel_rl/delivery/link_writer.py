@@ -143,9 +143,9 @@ class FrameWriter:
                     self._to_pipe(frames, times, keep, poller, handoff=False)
                 if backlog.diverted:
                     self._announce(poller, wait=self.handoff_dir is None)
-            except OSError:
+            except OSError:  # the child is gone: the status reader says whether early
                 with state.cond:
-                    state.dead = True
+                    state.close_pipe_locked()
             pushed -= len(frames)
             taken = Counter(map(_TRACKERS, itertools.islice(batch, pushed)))
             with state.cond:

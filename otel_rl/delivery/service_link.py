@@ -63,7 +63,7 @@ from otel_rl.delivery.frames import encode_frame, record_body
 from otel_rl.delivery.link_backlog import Backlog
 from otel_rl.delivery.link_handle import DELIVERY_GRACE, DeliveryHandle
 from otel_rl.delivery.link_messages import say_sent_after_end, say_unpicklable
-from otel_rl.delivery.link_state import LinkState
+from otel_rl.delivery.link_state import LinkState, Pipe
 from otel_rl.delivery.link_status import StatusReader
 from otel_rl.delivery.link_writer import FrameWriter
 from otel_rl.delivery.options import ExportOptions
@@ -180,9 +180,9 @@ class ServiceLink:
         backlog, writer = self._backlog, self._writer
         cond = state.cond
         with cond:
-            while state.orphaning:  # the child just died: its leftover file is being written
+            while state.pipe is Pipe.LEAVING:  # the child just died: its leftover file is written
                 cond.wait(0.05)
-            if state.ended or (state.dead and not state.orphaned):
+            if state.ended or state.pipe in (Pipe.CLOSED, Pipe.LOST):
                 if not state.ended:
                     state.count("delivery_process", names)
                 elif not checkpoint:  # the run ended: lost, as with a channel shut down
@@ -196,7 +196,7 @@ class ServiceLink:
             frame = encode_frame("rec", to, body, number)
             for name in counted:
                 state.handed[name] += 1
-            if state.orphaned:
+            if state.pipe is Pipe.TO_FILE:
                 self._delivery.keep_in_file([(number, frame, counted)])
                 return
             if checkpoint:

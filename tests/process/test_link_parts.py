@@ -14,7 +14,7 @@ from otel_rl.core.failures import losses
 from otel_rl.delivery.delivery_process import messages
 from otel_rl.delivery.frames import encode_frame
 from otel_rl.delivery.link_backlog import Backlog
-from otel_rl.delivery.link_state import LinkState
+from otel_rl.delivery.link_state import LinkState, Pipe
 from otel_rl.delivery.link_writer import FrameWriter
 from otel_rl.delivery.options import ExportOptions
 from otel_rl.process.deadline import Deadline
@@ -22,6 +22,51 @@ from otel_rl.process.deadline import Deadline
 
 def _record_frame(number: int, size: int = 0) -> bytes:
     return encode_frame("rec", None, b"x" * size + number.to_bytes(4, "big"), number)
+
+
+def test_where_records_go_moves_one_way_and_a_leftover_file_written_stays_where_they_go():
+    """The link's one state, as the delivery process's start, death and the run's end move it:
+    a sender waiting while the leftover file is written is woken when it is, and nothing later
+    (the pipe's close, a second death, the run's end) sends records anywhere else."""
+    state = LinkState(["jsonl"])
+    assert state.pipe is Pipe.OPEN and not state.dead
+    woken: list[Pipe] = []
+
+    def sender() -> None:  # as ServiceLink.send waits while the leftover file is written
+        with state.cond:
+            while state.pipe is Pipe.LEAVING or not woken:
+                woken.append(state.pipe)
+                state.cond.wait(5)
+            woken.append(state.pipe)
+
+    with state.cond:
+        assert state.leaving_locked()  # the delivery process died during the run
+    waiting = threading.Thread(target=sender)
+    waiting.start()
+    while not woken:
+        time.sleep(0.01)
+    with state.cond:
+        state.close_pipe_locked()  # the pusher saw the broken pipe: the leaving state stays
+        assert state.pipe is Pipe.LEAVING and state.dead
+        state.left_locked(kept=True)
+    waiting.join(5)
+    assert not waiting.is_alive() and woken[0] is Pipe.LEAVING and woken[-1] is Pipe.TO_FILE
+    with state.cond:
+        assert not state.leaving_locked()  # the status reader hears the end after the kill
+        state.close_pipe_locked()
+        assert state.end_run_locked() and not state.end_run_locked()  # finish(), then again
+    assert state.pipe is Pipe.TO_FILE and state.ended
+
+    clean = LinkState(["jsonl"])
+    with clean.cond:
+        assert clean.end_run_locked()
+        clean.close_pipe_locked()  # the end frame is out
+    assert clean.pipe is Pipe.CLOSED and clean.dead
+
+    forked = LinkState(["jsonl"])
+    lock = forked.cond
+    forked.abandon_after_fork()
+    assert forked.pipe is Pipe.CLOSED and forked.ended and forked.cond is not lock
 
 
 def test_a_full_backlog_under_drop_oldest_drops_the_oldest_record_after_the_first():
@@ -97,8 +142,7 @@ def test_frames_the_pipe_cannot_take_go_to_a_handoff_file_and_arrive_once_in_ord
         reader.start()
         assert backlog.send_control(encode_frame("end", 0, 5.0), Deadline(20))
         with state.cond:
-            state.dead = True
-            state.cond.notify_all()
+            state.close_pipe_locked()
             while backlog.pushing:
                 state.cond.wait(0.05)
         writer.close_handoff()
