@@ -78,6 +78,7 @@ class ClockSpans:
         #: One attributes object per thread (encoded once per line of the file).
         self._thread_attributes: dict[int, dict[str, Any]] = {}
         self._overflowed = False  # the clock's records, said once
+        self._pushed_out = clock.pushed_out  # the clock's losses before this run
         self._steps_overflowed = False  # the steps queued, said once
         trace_file.add_source(self.spans)
 
@@ -125,10 +126,7 @@ class ClockSpans:
         """The spans of the steps sealed since the last call, step by step (the trace file's
         thread, which writes them as they come). A step whose timers did not run has none."""
         closed, waiting = self._closed, self._waiting
-        if len(closed) == closed.maxlen and not self._overflowed:
-            self._overflowed = True
-            _log.warning("otel-rl: timers were used %d times or more before the trace file's "
-                         "thread took them: only the newest have spans", len(closed))
+        self._say_pushed_out()
         for index in range(len(closed)):
             record = closed.popleft()
             held = waiting.get(record[8])
@@ -138,6 +136,7 @@ class ClockSpans:
                 held.append(record)
             if index % YIELD_EVERY == YIELD_EVERY - 1:
                 time.sleep(0)  # the GIL to the training thread now and then
+        self._say_pushed_out()  # the training thread may have filled the deque as it was taken
         sealed = self._sealed
         last = None
         for index in range(len(sealed)):
@@ -156,6 +155,12 @@ class ClockSpans:
             if ids is not None:  # closed as its step was sealed, taken after: in its trace still
                 yield from self._timer_spans(late, ids)
             # else it closed in an epoch of no step of this run's (another Logger's): not ours
+
+    def _say_pushed_out(self) -> None:
+        if self._clock.pushed_out != self._pushed_out and not self._overflowed:
+            self._overflowed = True
+            _log.warning("otel-rl: timers were used %d times or more before the trace file's "
+                         "thread took them: only the newest have spans", SPAN_RECORDS)
 
     def _id(self, seq: int) -> int:
         return ((seq * 0x9E3779B97F4A7C15) ^ self._salt) & _MASK or 1

@@ -106,6 +106,8 @@ class PhaseClock:
         self._closed: deque[ClosedTimer] | None = None
         #: Closed uses appended to it so far (a reader sees whether any closed since it looked).
         self.recorded = 0
+        #: Closed uses the full deque pushed out before a reader took them (said by the reader).
+        self.pushed_out = 0
         self._span_readers = 0
 
     def record_spans(self) -> deque[ClosedTimer]:
@@ -178,6 +180,8 @@ class PhaseClock:
         state.top = stack[-1][3] if stack else ""
         closed = self._closed
         if closed is not None:
+            if len(closed) == SPAN_RECORDS:
+                self.pushed_out += 1
             parent = stack[index - 1][4] if index else 0
             outer = stack[0][5] if index else epoch
             closed.append((name, start, now, state.ident, state.name, seq, parent, outer,

@@ -83,10 +83,26 @@ def recording_ops(page: str, before: str | None = None) -> list[tuple[Any, ...]]
 
 class ForwardingEngine:
     """An actor recording as ``RayPrometheusStatLogger`` does (vLLM's wrapper classes in
-    ``vllm/v1/metrics/ray_wrappers.py``): sanitized name, vLLM's labels plus ``ReplicaId``."""
+    ``vllm/v1/metrics/ray_wrappers.py``): sanitized name, vLLM's labels plus ``ReplicaId``.
+    Like an engine, which sets its gauges at every stats interval, it sets its gauges' last
+    values again every half second: Ray drops a gauge not set for two export intervals."""
 
     def __init__(self) -> None:
+        import threading
+
         self.metrics: dict[str, Any] = {}
+        self.gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.lock = threading.Lock()
+        threading.Thread(target=self._keep_gauges, daemon=True).start()
+
+    def _keep_gauges(self) -> None:
+        import time
+
+        while True:
+            time.sleep(0.5)
+            with self.lock:
+                for (name, tags), value in self.gauges.items():
+                    self.metrics[name].set(value, tags=dict(tags))
 
     def record(self, ops: list[tuple[Any, ...]]) -> int:
         import os
@@ -107,18 +123,20 @@ class ForwardingEngine:
                     )
             return self.metrics[name]
 
-        for op in ops:
-            kind, name, labels = op[0], op[1], op[2]
-            tags = {**labels, "ReplicaId": ""}
-            if kind == "counter":
-                if op[3]:
-                    metric(kind, name, labels).inc(op[3], tags=tags)
-            elif kind == "gauge":
-                metric(kind, name, labels).set(op[3], tags=tags)
-            else:
-                histogram = metric(kind, name, labels, op[3])
-                for _ in range(op[5]):
-                    histogram.observe(op[4], tags=tags)
+        with self.lock:
+            for op in ops:
+                kind, name, labels = op[0], op[1], op[2]
+                tags = {**labels, "ReplicaId": ""}
+                if kind == "counter":
+                    if op[3]:
+                        metric(kind, name, labels).inc(op[3], tags=tags)
+                elif kind == "gauge":
+                    metric(kind, name, labels).set(op[3], tags=tags)
+                    self.gauges[name, tuple(sorted(tags.items()))] = op[3]
+                else:
+                    histogram = metric(kind, name, labels, op[3])
+                    for _ in range(op[5]):
+                        histogram.observe(op[4], tags=tags)
         return os.getpid()
 
 
