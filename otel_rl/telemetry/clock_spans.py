@@ -75,10 +75,12 @@ class ClockSpans:
         self._traces: dict[int, tuple[int, int]] = {}
         #: Closed uses whose epoch's step is not sealed yet, by that epoch.
         self._waiting: dict[int, list[ClosedTimer]] = {}
+        #: The last epoch of the steps written: a use taken later that closed in it or before
+        #: joins its step's trace (taken while the training thread filled the deque faster).
+        self._written_through = -1
         #: One attributes object per thread (encoded once per line of the file).
         self._thread_attributes: dict[int, dict[str, Any]] = {}
         self._overflowed = False  # the clock's records, said once
-        self._pushed_out = clock.pushed_out  # the clock's losses before this run
         self._steps_overflowed = False  # the steps queued, said once
         trace_file.add_source(self.spans)
 
@@ -120,7 +122,7 @@ class ClockSpans:
 
     def close(self) -> None:
         """The run is over: the clock keeps no more records for it."""
-        self._clock.stop_spans()
+        self._clock.stop_spans(self._closed)
 
     def spans(self) -> Iterator[PlainSpan]:
         """The spans of the steps sealed since the last call, step by step (the trace file's
@@ -148,7 +150,10 @@ class ClockSpans:
             if taken:  # nothing timed: no spans (a loop without timers has no trace file)
                 yield from self._step_spans(step, epochs, start, end, taken, sealer)
         if last is None:
-            return
+            last = self._written_through
+            if last < 0:
+                return
+        self._written_through = last
         for epoch in [e for e in waiting if e <= last]:
             late = waiting.pop(epoch)
             ids = self._traces.get(epoch)
@@ -157,7 +162,7 @@ class ClockSpans:
             # else it closed in an epoch of no step of this run's (another Logger's): not ours
 
     def _say_pushed_out(self) -> None:
-        if self._clock.pushed_out != self._pushed_out and not self._overflowed:
+        if self._closed.pushed_out and not self._overflowed:
             self._overflowed = True
             _log.warning("otel-rl: timers were used %d times or more before the trace file's "
                          "thread took them: only the newest have spans", SPAN_RECORDS)
