@@ -122,7 +122,7 @@ class ClockSpans:
 
     def close(self) -> None:
         """The run is over: the clock keeps no more records for it."""
-        self._clock.stop_spans(self._closed)
+        self._clock.stop_spans()
 
     def spans(self) -> Iterator[PlainSpan]:
         """The spans of the steps sealed since the last call, step by step (the trace file's

@@ -50,8 +50,8 @@ ClosedTimer = tuple[str, float, float, int, str, int, int, int, int]
 
 
 class SpanRecords(deque[ClosedTimer]):
-    """One reader's closed uses (:meth:`PhaseClock.record_spans`), bounded; ``pushed_out``: the
-    oldest a full one let go before its reader took them."""
+    """The closed uses for spans (:meth:`PhaseClock.record_spans`), bounded; ``pushed_out``: the
+    oldest a full one let go before a reader took them."""
 
     def __init__(self) -> None:
         super().__init__(maxlen=SPAN_RECORDS)
@@ -109,23 +109,26 @@ class PhaseClock:
         self._history: dict[str, deque[float]] | None = {} if history else None
         self._seq = itertools.count(1)
         self._epoch = 0
-        #: Each reader's closed uses, for spans: ``(name, start, end, thread id, thread name,
-        #: seq, parent seq or 0, epoch of the outermost timer open around it, epoch it closed
-        #: in)`` (:meth:`record_spans`).
-        self._readers: tuple[SpanRecords, ...] = ()
-        #: Closed uses recorded so far (a reader sees whether any closed since it looked).
+        #: Closed uses, for spans: ``(name, start, end, thread id, thread name, seq, parent seq
+        #: or 0, epoch of the outermost timer open around it, epoch it closed in)``; ``None``
+        #: until :meth:`record_spans`.
+        self._closed: SpanRecords | None = None
+        #: Closed uses appended to it so far (a reader sees whether any closed since it looked).
         self.recorded = 0
+        self._span_readers = 0
 
     def record_spans(self) -> SpanRecords:
         """From now on every use that closes is appended to the deque returned (its reader takes
-        from its left), until :meth:`stop_spans` is given it. Each reader has its own: two runs
-        in one process each see every use."""
-        records = SpanRecords()
-        self._readers = (*self._readers, records)
-        return records
+        from its left), until every caller has called :meth:`stop_spans`."""
+        self._span_readers += 1
+        if self._closed is None:
+            self._closed = SpanRecords()
+        return self._closed
 
-    def stop_spans(self, records: SpanRecords) -> None:
-        self._readers = tuple(r for r in self._readers if r is not records)
+    def stop_spans(self) -> None:
+        self._span_readers -= 1
+        if self._span_readers <= 0:
+            self._span_readers, self._closed = 0, None
 
     def next_epoch(self) -> int:
         """End the current epoch (a step's timers, up to a ``log_metrics`` call) and return it:
@@ -182,15 +185,14 @@ class PhaseClock:
         if owner is not None:
             state.owned -= 1
         state.top = stack[-1][3] if stack else ""
-        readers = self._readers
-        if readers:
+        closed = self._closed
+        if closed is not None:
+            if len(closed) == SPAN_RECORDS:
+                closed.pushed_out += 1
             parent = stack[index - 1][4] if index else 0
             outer = stack[0][5] if index else epoch
-            record = (name, start, now, state.ident, state.name, seq, parent, outer, self._epoch)
-            for closed in readers:
-                if len(closed) == SPAN_RECORDS:
-                    closed.pushed_out += 1
-                closed.append(record)
+            closed.append((name, start, now, state.ident, state.name, seq, parent, outer,
+                           self._epoch))
             self.recorded += 1
         history = self._history
         if history is not None:

@@ -215,31 +215,3 @@ def test_flush_puts_the_spans_of_the_steps_sealed_so_far_on_disk(tmp_path):
         assert steps == [0, 1, 2]
         assert sum(1 for span in spans if span[0] == "generation") == 3
 
-
-def test_two_runs_in_one_process_each_keep_the_spans_of_their_own_steps(tmp_path):
-    """Two Loggers alive at once (a training run and an evaluation run, say) share the process's
-    clock: each has its own record of the uses that close, so neither's trace file thread takes
-    the other's, and every use is in the file of the run whose step it closed in."""
-    tracing = {"picture": False}
-    with Logger({"log_dir": str(tmp_path / "train"), "tracing": tracing}) as train, Logger(
-        {"log_dir": str(tmp_path / "eval"), "tracing": tracing}
-    ) as evaluation:
-        for step in range(40):
-            with train.timer("generation"):
-                pass
-            train.log_metrics({"loss": float(step)}, step=step)
-            with evaluation.timer("score"):
-                pass
-            evaluation.log_metrics({"accuracy": float(step)}, step=step)
-            if step % 8 == 0:
-                time.sleep(0.6)  # the trace files' threads take the records as the runs go on
-    for run, name in (("train", "generation"), ("eval", "score")):
-        spans = _spans(tmp_path / run)
-        names = sorted(span[0] for span in spans.values())
-        assert names == sorted(["rl.step", name] * 40), (run, names)
-        rows = rows_by_step(tmp_path / run / "metrics.jsonl")
-        steps = {span[4]["rl.step"]: span for span in spans.values() if span[0] == "rl.step"}
-        for span in spans.values():
-            if span[0] == name:  # a child of its own step's span, lasting exactly the row
-                step = next(s for s, parent in steps.items() if parent[1] == span[1])
-                assert span[3] == pytest.approx(rows[step][f"timing/{name}"], abs=2e-6)
