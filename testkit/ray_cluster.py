@@ -70,15 +70,22 @@ def _wait_for_nodes(
     started: list[subprocess.Popen[bytes]],
     log: Path,
     env: dict[str, str],
-    timeout: float = 120.0,
+    timeout: float = 180.0,
 ) -> None:
     count = len(started)
     deadline = time.monotonic() + timeout
     probe = ("import ray,sys; ray.init(address=sys.argv[1], log_to_driver=False); "
              "print(sum(n['Alive'] for n in ray.nodes()))")  # fmt: skip
     while True:
-        done = subprocess.run([sys.executable, "-c", probe, address], capture_output=True,
-                              text=True, timeout=60, env=env)  # fmt: skip
+        # A probe that hangs (a GCS still starting, on a loaded machine) is one more try, not
+        # the end: only the whole wait is bounded.
+        wait = min(max(deadline - time.monotonic(), 10.0), 60.0)
+        try:
+            done = subprocess.run([sys.executable, "-c", probe, address], capture_output=True,
+                                  text=True, timeout=wait, env=env)  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+            done = subprocess.CompletedProcess(exc.cmd, -1, "", said or "the probe hung")
         if done.returncode == 0 and done.stdout.strip().endswith(str(count)):
             return
         if time.monotonic() > deadline or any(p.poll() is not None for p in started):

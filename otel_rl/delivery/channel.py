@@ -39,6 +39,7 @@ from otel_rl.core.failures import Failure, count_loss, losses
 from otel_rl.core.records import StepBatch
 from otel_rl.delivery.messages import (
     CLOSE_GRACE,
+    SPOOL_GRACE,
     left_behind_message,
     lost_message,
     refused_message,
@@ -259,10 +260,10 @@ class Channel:
     def shutdown(self, timeout: float, exit_code: int) -> None:
         """Drain within ``timeout`` seconds, close the tracker, and say what was left.
 
-        Past the deadline, two things still get up to ``CLOSE_GRACE`` seconds: the spool thread
-        writing what it was handed to the spool (local disk, and a record it has not written is
-        lost for good at exit), and the worker ending the write in flight and closing the
-        tracker's client. A worker stuck even then is named and left behind."""
+        Past the deadline, two things still get a grace: the spool thread writing what it was
+        handed to the spool (``SPOOL_GRACE``: local disk, and a record it has not written is lost
+        for good at exit), and the worker ending the write in flight and closing the tracker's
+        client (``CLOSE_GRACE``). A worker stuck even then is named and left behind."""
         if not self.started:
             return
         records, feeder, worker = self._records, self._feeder, self._worker
@@ -274,7 +275,7 @@ class Channel:
             records.cond.notify_all()
         deadline = time.monotonic() + timeout
         if feeder.spooling:  # the spool thread feeds the worker
-            feeder.join(max(0.0, deadline + CLOSE_GRACE - time.monotonic()))
+            feeder.join(max(0.0, deadline + SPOOL_GRACE - time.monotonic()))
         worker.join(max(0.0, deadline - time.monotonic()))
         with records.cond:
             records.abort = True  # a worker still busy starts no new write from here on

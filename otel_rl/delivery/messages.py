@@ -14,15 +14,18 @@ from otel_rl.core.failures import Failure, describe_losses
 from otel_rl.process.deadline import SHUTDOWN_GRACE
 
 __all__ = [
-    "CLOSE_GRACE", "left_behind_message", "lost_message", "replay_hint", "stopped_message",
-    "undelivered_message",
+    "CLOSE_GRACE", "SPOOL_GRACE", "left_behind_message", "lost_message", "replay_hint",
+    "stopped_message", "undelivered_message",
 ]  # fmt: skip
 
-#: Seconds past the shutdown deadline for the spool to take what it was handed and for the
-#: tracker to close: half the run's grace, so that a tracker left behind is named here, with what
-#: it means, and the process still exits within ``shutdown_timeout`` + the grace (the other half
-#: is the interpreter's own exit, measured at 0.1-0.3 s on a busy 2-core machine).
-CLOSE_GRACE = 0.5 * SHUTDOWN_GRACE
+#: Seconds past the shutdown deadline for the spool thread to write what it was handed (local
+#: disk: a record it has not written is lost for good at exit; one append in flight and one more).
+SPOOL_GRACE = 0.5 * SHUTDOWN_GRACE
+#: Seconds past the shutdown deadline for the tracker's worker to end its write and close: short
+#: enough that a tracker left behind is named here, with what it means, and the process still
+#: exits within ``shutdown_timeout`` + the grace. The rest is the interpreter's own exit, measured
+#: at 0.1-0.3 s on a 2-core machine and past 0.5 s under load.
+CLOSE_GRACE = 0.3 * SHUTDOWN_GRACE
 
 
 def replay_hint(spool_dir: object, log_dir: object) -> str:
