@@ -128,17 +128,24 @@ class ClockSpans:
         """The spans of the steps sealed since the last call, step by step (the trace file's
         thread, which writes them as they come). A step whose timers did not run has none."""
         closed, waiting = self._closed, self._waiting
-        self._say_pushed_out()
-        for index in range(len(closed)):
-            record = closed.popleft()
-            held = waiting.get(record[8])
-            if held is None:
-                waiting[record[8]] = [record]
-            else:
-                held.append(record)
-            if index % YIELD_EVERY == YIELD_EVERY - 1:
-                time.sleep(0)  # the GIL to the training thread now and then
-        self._say_pushed_out()  # the training thread may have filled the deque as it was taken
+        with closed.lock:  # another run's reader counts its own takes
+            recorded = self._clock.recorded  # read before the deque's length: see pushed_out
+            count = len(closed)
+            for index in range(count):
+                record = closed.popleft()
+                held = waiting.get(record[8])
+                if held is None:
+                    waiting[record[8]] = [record]
+                else:
+                    held.append(record)
+                if index % YIELD_EVERY == YIELD_EVERY - 1:
+                    time.sleep(0)  # the GIL to the training thread now and then
+            closed.taken += count
+            lost = closed.pushed_out(recorded)
+        if lost > 0 and not self._overflowed:
+            self._overflowed = True
+            _log.warning("otel-rl: timers were used %d times or more before the trace file's "
+                         "thread took them: only the newest have spans", SPAN_RECORDS)
         sealed = self._sealed
         last = None
         for index in range(len(sealed)):
@@ -160,12 +167,6 @@ class ClockSpans:
             if ids is not None:  # closed as its step was sealed, taken after: in its trace still
                 yield from self._timer_spans(late, ids)
             # else it closed in an epoch of no step of this run's (another Logger's): not ours
-
-    def _say_pushed_out(self) -> None:
-        if self._closed.pushed_out and not self._overflowed:
-            self._overflowed = True
-            _log.warning("otel-rl: timers were used %d times or more before the trace file's "
-                         "thread took them: only the newest have spans", SPAN_RECORDS)
 
     def _id(self, seq: int) -> int:
         return ((seq * 0x9E3779B97F4A7C15) ^ self._salt) & _MASK or 1

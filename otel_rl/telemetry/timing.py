@@ -50,12 +50,20 @@ ClosedTimer = tuple[str, float, float, int, str, int, int, int, int]
 
 
 class SpanRecords(deque[ClosedTimer]):
-    """The closed uses for spans (:meth:`PhaseClock.record_spans`), bounded; ``pushed_out``: the
-    oldest a full one let go before a reader took them."""
+    """The closed uses for spans (:meth:`PhaseClock.record_spans`), bounded, and what their
+    readers took (only readers count, under ``lock``: the clock's thread just appends)."""
 
-    def __init__(self) -> None:
+    def __init__(self, since: int) -> None:
         super().__init__(maxlen=SPAN_RECORDS)
-        self.pushed_out = 0
+        self.lock = threading.Lock()
+        self._since = since  # the clock's count of closed uses when this record began
+        self.taken = 0
+
+    def pushed_out(self, recorded: int) -> int:
+        """How many of the uses appended the bound let go before a reader took them, given the
+        clock's count of closed uses read before this call (so that it is never over-counted:
+        an append racing it only makes it smaller). Called by a reader, holding ``lock``."""
+        return recorded - self._since - self.taken - len(self)
 
 
 _now = time.monotonic
@@ -122,7 +130,7 @@ class PhaseClock:
         from its left), until every caller has called :meth:`stop_spans`."""
         self._span_readers += 1
         if self._closed is None:
-            self._closed = SpanRecords()
+            self._closed = SpanRecords(self.recorded)
         return self._closed
 
     def stop_spans(self) -> None:
@@ -187,8 +195,6 @@ class PhaseClock:
         state.top = stack[-1][3] if stack else ""
         closed = self._closed
         if closed is not None:
-            if len(closed) == SPAN_RECORDS:
-                closed.pushed_out += 1
             parent = stack[index - 1][4] if index else 0
             outer = stack[0][5] if index else epoch
             closed.append((name, start, now, state.ident, state.name, seq, parent, outer,
@@ -253,6 +259,8 @@ class PhaseClock:
         ident = threading.get_ident()
         for other in [i for i in self._threads if i != ident]:
             self._threads.pop(other, None)
+        if self._closed is not None:  # a reader may have held it at the fork
+            self._closed.lock = threading.Lock()
 
 
 def _drop_orphans(state: _ThreadPhases, now: float) -> None:

@@ -306,7 +306,7 @@ def test_a_hung_logger_is_left_behind_when_finish_runs_out_of_time(log_dir, otel
     warnings = [r.getMessage() for r in otel_rl_warnings.records]
     assert [w for w in warnings if "Hung" in w] == [
         "otel-rl: nemo_rl logger Hung: 3 record(s) not delivered before the shutdown timeout "
-        "(export.shutdown_timeout: 1 s; it had not returned from a write or its close 0.5 s "
+        "(export.shutdown_timeout: 1 s; it had not returned from a write or its close 0.3 s "
         "later and is left behind). They are lost: a LoggerInterface's calls hold live objects "
         "(figures, tensors) and are never spooled."
     ], warnings
