@@ -57,12 +57,17 @@ class SpanRecords(deque[ClosedTimer]):
         super().__init__(maxlen=SPAN_RECORDS)
         self.lock = threading.Lock()
         self._since = since  # the clock's count of closed uses when this record began
+        #: That count when the clock stopped appending here (its last reader stopped), if so.
+        self.until: int | None = None
         self.taken = 0
 
     def pushed_out(self, recorded: int) -> int:
         """How many of the uses appended the bound let go before a reader took them, given the
         clock's count of closed uses read before this call (so that it is never over-counted:
         an append racing it only makes it smaller). Called by a reader, holding ``lock``."""
+        until = self.until
+        if until is not None and until < recorded:  # another record took the later ones
+            recorded = until
         return recorded - self._since - self.taken - len(self)
 
 
@@ -136,6 +141,8 @@ class PhaseClock:
     def stop_spans(self) -> None:
         self._span_readers -= 1
         if self._span_readers <= 0:
+            if self._closed is not None:
+                self._closed.until = self.recorded
             self._span_readers, self._closed = 0, None
 
     def next_epoch(self) -> int:

@@ -171,6 +171,36 @@ def test_more_timer_uses_than_the_bound_between_two_calls_are_said_once(tmp_path
     assert all(rows[step]["timing/tick"] > 0 for step in range(2))
 
 
+def test_the_uses_pushed_out_of_the_clocks_record_are_counted_exactly_and_only_its_own():
+    """The loss is worked out by the reader from the clock's counts (no check per timer close):
+    nothing lost is nothing said, past the bound exactly the uses pushed out, and a record the
+    clock stopped feeding (its last run ended) is not charged with the uses of the next one."""
+    from otel_rl.telemetry.timing import SPAN_RECORDS, PhaseClock
+
+    clock = PhaseClock()
+    records = clock.record_spans()
+    for _ in range(5):
+        clock.open("a")
+        clock.close("a")
+    assert records.pushed_out(clock.recorded) == 0
+    for _ in range(3):
+        records.popleft()
+    records.taken += 3
+    assert records.pushed_out(clock.recorded) == 0
+    for _ in range(SPAN_RECORDS + 7):
+        clock.open("a")
+        clock.close("a")
+    assert len(records) == SPAN_RECORDS
+    assert records.pushed_out(clock.recorded) == 2 + 7  # the 2 left, then 7 more past the bound
+    clock.stop_spans()
+    newer = clock.record_spans()
+    assert newer is not records
+    for _ in range(50):
+        clock.open("b")
+        clock.close("b")
+    assert records.pushed_out(clock.recorded) == 9 and newer.pushed_out(clock.recorded) == 0
+
+
 def test_a_use_taken_after_its_step_was_written_joins_that_steps_trace(tmp_path):
     """A timer on another thread can read the clock's epoch just before the training thread
     ends it, and append its record only after the trace file's thread wrote that step. The
