@@ -450,6 +450,24 @@ class JobStates:
         self.missing: list[str] = []
         self.unreadable: list[str] = []
 
+    def updated_by(self, later: JobStates) -> JobStates:
+        """These states with a later read's newer ones: a re-read that a slow board cut short
+        (the job's store under load) takes nothing away from what an earlier read found."""
+        merged = {s.where: s for s in self.states}
+        for state in later.states:
+            held = merged.get(state.where)
+            if held is None or held.published < state.published:
+                merged[state.where] = state
+        out = JobStates()
+        out.states = list(merged.values())
+        ranks = {s.world_rank for s in out.states}
+        out.missing = [m for m in dict.fromkeys(self.missing + later.missing)
+                       if int(m.split()[-1]) not in ranks]  # fmt: skip
+        read_before = {u.partition(" could not be read")[0] for u in self.unreadable}
+        out.unreadable = [u for u in later.unreadable
+                          if u.partition(" could not be read")[0] in read_before]  # fmt: skip
+        return out
+
 
 class StatePublisher:
     """This process's state, published to the job's boards on a daemon thread.
@@ -635,8 +653,10 @@ class StatePublisher:
         published after ``since`` (Unix time: when the stall was seen), for at most ``wait``
         seconds in all: a state from before the stall would show a process where it was."""
         deadline = time.monotonic() + wait
+        found: JobStates | None = None
         while True:
-            found = self.read(timeout=max(0.5, deadline - time.monotonic()))
+            read = self.read(timeout=max(0.5, deadline - time.monotonic()))
+            found = read if found is None else found.updated_by(read)
             now = time.time()
             stale = [s for s in found.states if s.ended is None and s.published < since
                      and now - s.published <= SILENT_AFTER]  # fmt: skip

@@ -361,3 +361,34 @@ def test_the_torch_store_keys_of_an_earlier_restart_are_not_read(monkeypatch):
     assert again.read() == ([], ["rank 0", "rank 1"])
     assert first.job != again.job and "job-7" in again.job
     del master
+
+
+class _SlowAfterFirstRead(DirectoryBoard):
+    """A real directory board whose reads after the first take longer than a read is given: a
+    job's store under load, which cannot be made slow on cue here."""
+
+    reads = 0
+
+    def read(self) -> tuple[list[JobState], list[str]]:
+        self.reads += 1
+        if self.reads > 1:
+            time.sleep(3.0)
+        return super().read()
+
+
+def test_a_re_read_cut_short_by_a_slow_board_keeps_what_the_first_read_found(tmp_path):
+    """The verdict reads the job's states again while a peer's is older than the stall; a
+    re-read the board does not answer in time takes nothing away from the first read: the
+    peer's state is still there, and the board is not said unreadable."""
+    board = _SlowAfterFirstRead(tmp_path / "job")
+    publisher = StatePublisher(lambda: (3, time.time()), run_id="run-a", attempt=1)
+    publisher.boards = lambda: [board]  # type: ignore[method-assign]
+    (tmp_path / "job").mkdir()
+    since = time.time()
+    peer = {"role": "process", "node": "n1", "published": since - 5, "step": 7, "pid": 14,
+            "job": board.job, "run_id": "run-a", "attempt": 1}  # fmt: skip
+    (tmp_path / "job" / "peer.json").write_text(json.dumps(peer))
+    found = publisher.read_fresh(since, wait=1.5)
+    assert board.reads >= 2  # the peer's state was older than the stall: read again
+    assert found.unreadable == []
+    assert sorted((s.pid, s.step) for s in found.states) == sorted([(14, 7), (os.getpid(), 3)])
