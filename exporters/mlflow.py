@@ -68,12 +68,37 @@ def _scrubs_errors(hook: _Hook) -> _Hook:
     @functools.wraps(hook)
     def wrapper(self: MlflowExporter, *args: Any, **kwargs: Any) -> Any:
         try:
-            return hook(self, *args, **kwargs)
+            if not self._reached:
+                self._reach_server()
+            result = hook(self, *args, **kwargs)
         except Exception as exc:
+            self._reached = False
             _scrub_exception(exc, self._secrets)
             raise
+        self._reached = True
+        return result
 
     return wrapper  # type: ignore[return-value]
+
+
+def server_address(uri: str) -> tuple[str, int] | None:
+    """Where a connection to an ``http(s)://`` tracking server goes (its proxy's address when
+    the environment routes it through one); ``None`` for other stores."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    proxy = getproxies().get(parts.scheme)
+    if proxy and not proxy_bypass(parts.hostname):
+        parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    host = parts.hostname
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:  # a port that is no number: MLflow's own call says so
+        return None
+    return (host, port) if host else None
 
 
 def run_status(exit_code: int) -> str:
@@ -182,6 +207,10 @@ class MlflowExporter(TrackerExporter):
         self.metric_names = NameMap("metric", file_store=file_store)
         self.param_names = NameMap("param", file_store=file_store)
         self._client: Any = None
+        #: Whether the last call reached the server. Until one does (the first call, and after
+        #: a failure), a connection is tried first: MLflow's own client retries a refused one
+        #: for minutes inside one call, past any deadline of the run's end.
+        self._reached = False
         # Metrics of a step already accepted by MLflow, so that a retry after a partial
         # failure does not send them again (stores keep duplicates of re-sent points).
         self._sent: weakref.WeakKeyDictionary[StepBatch, int] = weakref.WeakKeyDictionary()
@@ -337,6 +366,23 @@ class MlflowExporter(TrackerExporter):
             self._client.set_terminated(self.run_id, status=run_status(exit_code))
 
     # ---- helpers -----------------------------------------------------------------------------
+
+    def _reach_server(self) -> None:
+        """Connect to an HTTP tracking server (or its proxy) and close: a server that refuses
+        or does not answer within 5 s fails this call at once, as a transient error (retried
+        with backoff until the run's end, what waits staying in the spool)."""
+        import socket
+
+        address = server_address(self.tracking_uri)
+        if address is None:
+            return
+        try:
+            socket.create_connection(address, timeout=5.0).close()
+        except OSError as exc:
+            raise ConnectionError(
+                f"the MLflow tracking server {self.shown_tracking_uri} cannot be reached "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
 
     def _create_sqlite_store(self) -> None:
         """Create the SQLite store, if it does not exist yet, whole or not at all.

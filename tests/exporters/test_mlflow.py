@@ -10,6 +10,7 @@ import json
 import math
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -451,3 +452,53 @@ def test_unknown_mlflow_key_is_refused(log_dir):
     with pytest.raises(ConfigError, match=r"mlflow\.experiment"):
         Logger({"log_dir": str(log_dir), "mlflow_enabled": True,
                 "mlflow": {"experiment": "typo"}})
+
+
+def test_the_server_is_reached_where_mlflow_would_connect(monkeypatch):
+    """The connection tried before the SDK is called goes where MLflow's own request goes: the
+    server, or the proxy the environment routes it through (``NO_PROXY`` hosts bypass it);
+    stores that are no HTTP server are not tried."""
+    from otel_rl.exporters.mlflow import server_address
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert server_address("http://127.0.0.1:5000/") == ("127.0.0.1", 5000)
+    assert server_address("https://user:secret@mlflow.example.com/path") == (
+        "mlflow.example.com", 443,
+    )  # fmt: skip
+    for store in ("sqlite:///runs/mlflow.db", "file:/tmp/mlruns", "databricks", "mlruns"):
+        assert server_address(store) is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "internal.corp")
+    assert server_address("https://mlflow.example.com") == ("proxy.corp", 3128)
+    assert server_address("https://mlflow.internal.corp") == ("mlflow.internal.corp", 443)
+    assert server_address("http://mlflow.example.com:5000") == ("mlflow.example.com", 5000)
+
+
+def test_a_server_that_refuses_fails_the_call_at_once_and_is_retried_until_it_is_up(
+    log_dir, tmp_path
+):
+    """A tracking server that is not up yet: each try fails at once on the refused connection
+    (not inside MLflow's minutes of retries), and once the server is up the rows arrive."""
+    port = servers.free_port()
+    logger = Logger({"log_dir": str(log_dir), "mlflow_enabled": True,
+                     "mlflow": {"tracking_uri": f"http://127.0.0.1:{port}",
+                                "experiment_name": "late"},
+                     "export": {"delivery": "thread", "shutdown_timeout": 60}})  # fmt: skip
+    logger.log_metrics({"loss": 0.5}, step=0, step_finished=True)
+    (delivery,) = [d for d in logger.exporters if d.name == "mlflow"]
+    deadline = time.monotonic() + 20
+    while delivery.last_error is None:
+        assert time.monotonic() < deadline, "the refused connection was never said"
+        time.sleep(0.05)
+    said = delivery.last_error.describe()
+    assert "cannot be reached" in said and "ConnectionRefusedError" in said, said
+    server = servers.start_mlflow_server(tmp_path / "late-server", port=port)
+    try:
+        logger.log_metrics({"loss": 0.25}, step=1, step_finished=True)
+        logger.finish()
+        client = client_of(server.url)
+        (run,) = client.search_runs([client.get_experiment_by_name("late").experiment_id])
+        assert history(client, run.info.run_id, "loss") == [(0, 0.5), (1, 0.25)]
+    finally:
+        servers.stop_mlflow_server(server)

@@ -64,13 +64,15 @@ def test_after_finish_no_thread_of_otel_rl_is_alive_and_the_board_says_the_run_e
 
 
 @pytest.mark.slow
-def test_with_a_tracker_that_is_down_nothing_runs_after_finish_in_the_delivery_process(tmp_path):
-    """MLflow on a port nobody listens on, its SDK retrying inside each call: the delivery
-    process is stopped at the deadline, its records stay in the spool, and no thread of otel-rl
-    is left in the training process."""
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_with_a_tracker_that_is_down_nothing_of_otel_rl_runs_after_finish(tmp_path, delivery):
+    """MLflow on a port nobody listens on, whose SDK would retry a refused connection for
+    minutes inside one call: the tracker tries a connection before it calls the SDK, so its
+    worker (or the delivery process) stops at the deadline, its records stay in the spool, and
+    no thread of otel-rl is left in the training process."""
     pytest.importorskip("mlflow")
     down = f"http://127.0.0.1:{free_port()}"
-    out = _run(tmp_path / "logs", "process", mlflow_enabled=True,
+    out = _run(tmp_path / "logs", delivery, mlflow_enabled=True,
                mlflow={"tracking_uri": down, "experiment_name": "down"})  # fmt: skip
     assert out["alive"] == []
     assert out["undelivered"]["mlflow"] >= 5 and out["undelivered"]["tensorboard"] == 0
