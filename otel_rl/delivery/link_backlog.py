@@ -138,9 +138,7 @@ class Backlog:
             dropped = self.entries[oldest][1]
             del self.entries[oldest]
             self.records -= 1
-            self._state.count("queue_full", dropped)
-            for name in dropped:
-                self._state.handed[name] -= 1
+            self._state.not_kept_locked("queue_full", dropped)
 
     def _oldest_age_locked(self) -> float:
         oldest = self.entries[0][2] if self.entries else float("inf")

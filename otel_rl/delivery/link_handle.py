@@ -30,7 +30,8 @@ from otel_rl.process.deadline import SHUTDOWN_GRACE, Deadline
 __all__ = ["DELIVERY_GRACE", "DeliveryHandle"]
 
 #: How long after the run's deadline the delivery process still waits for its trackers: past a
-#: channel's CLOSE_GRACE (its trackers' last words), short of SHUTDOWN_GRACE (its report here).
+#: channel's graces, each counted from the deadline (SPOOL_GRACE for its spool thread, CLOSE_GRACE
+#: for its tracker's last words), short of SHUTDOWN_GRACE (its report here).
 DELIVERY_GRACE = 0.7 * SHUTDOWN_GRACE
 
 
@@ -205,7 +206,7 @@ class DeliveryHandle:
         with state.cond:
             for name, count in unread.items():
                 if kept:
-                    state.in_files[name] += count
+                    state.in_files_locked((name,), count)
                 else:
                     state.count("delivery_process", (name,), count)
             state.left_locked(kept)
@@ -217,12 +218,10 @@ class DeliveryHandle:
         state = self._state
         kept = self._launch.keep(entry[1] for entry in entries)
         for _, _, names in entries:
-            for name in names:
-                if kept:
-                    state.in_files[name] += 1
-                else:
-                    state.handed[name] -= 1
-                    state.count("delivery_process", (name,))
+            if kept:
+                state.in_files_locked(names)
+            else:
+                state.not_kept_locked("delivery_process", names)
 
     def _left_in_spools(self) -> dict[str, int]:
         """The child ended without saying what it left (killed, or died): each spooled

@@ -35,7 +35,8 @@ class Pipe(enum.Enum):
 class LinkState:
     """The link's lock, where its records go, and its records per tracker (``names``). The
     changes of ``pipe``, ``ended`` and ``killed`` are its methods' (``*_locked``: ``cond`` held),
-    each a step of the lifecycle, so no part of the link sets them on its own."""
+    each a step of the lifecycle, and so are those of its counts: the other parts of the link
+    read them and never set them on their own."""
 
     __slots__ = (
         "checkpoint_frames", "checkpoints_sent", "cond", "ended", "handed", "in_files", "killed",
@@ -110,6 +111,39 @@ class LinkState:
         a lock of its own (the parent's may be held by a thread the child does not have)."""
         self.pipe, self.ended = Pipe.CLOSED, True
         self.cond = threading.Condition(threading.Lock())
+
+    # ---- the counts: changed only here, each call with ``cond`` held ---------------------------
+
+    def accepted_locked(self, names: Iterable[str]) -> None:
+        """A record for ``names`` is accepted (sent, or to be)."""
+        handed = self.handed
+        for name in names:
+            handed[name] += 1
+
+    def not_kept_locked(self, reason: str, names: Iterable[str]) -> None:
+        """A record accepted for ``names`` is lost after all (dropped for room, or no file could
+        keep it): counted under ``reason``, no longer as accepted."""
+        names = tuple(names)
+        self.count(reason, names)
+        for name in names:
+            self.handed[name] -= 1
+
+    def sent_locked(self, names: Iterable[str], n: int = 1) -> None:
+        """``n`` records for ``names`` are written whole to the pipe."""
+        sent = self.sent
+        for name in names:
+            sent[name] += n
+
+    def checkpoint_handed_locked(self, names: Iterable[str], frame: int) -> None:
+        """The checkpoint in frame ``frame`` is handed over for ``names``."""
+        for name in names:
+            self.checkpoints_sent[name] += 1
+            self.checkpoint_frames[name].append(frame)
+
+    def in_files_locked(self, names: Iterable[str], n: int = 1) -> None:
+        """``n`` records for ``names`` wait in the launch's leftover file for replay."""
+        for name in names:
+            self.in_files[name] += n
 
     def checkpoints_after(self, name: str, frame: int) -> int:
         """Checkpoints handed over for ``name`` numbered above ``frame``."""

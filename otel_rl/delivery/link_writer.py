@@ -150,8 +150,7 @@ class FrameWriter:
             taken = Counter(map(_TRACKERS, itertools.islice(batch, pushed)))
             with state.cond:
                 for names, count in taken.items():
-                    for name in names:
-                        state.sent[name] += count
+                    state.sent_locked(names, count)
                 if frames:  # the child is gone, or the run ended before it took them
                     backlog.stranded += [entry for entry in keep if entry is not None and entry[3]]
                 elif backlog.unresponsive and not backlog.entries:

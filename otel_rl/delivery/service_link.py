@@ -194,15 +194,12 @@ class ServiceLink:
             self._numbered += 1
             number = self._numbered
             frame = encode_frame("rec", to, body, number)
-            for name in counted:
-                state.handed[name] += 1
+            state.accepted_locked(counted)
             if state.pipe is Pipe.TO_FILE:
                 self._delivery.keep_in_file([(number, frame, counted)])
                 return
             if checkpoint:
-                for name in names:
-                    state.checkpoints_sent[name] += 1
-                    state.checkpoint_frames[name].append(number)
+                state.checkpoint_handed_locked(names, number)
             if (
                 not backlog.entries and not backlog.pushing and not backlog.diverted
                 and writer.fits_whole(len(frame))
@@ -218,8 +215,7 @@ class ServiceLink:
                     backlog.kept.add(number, frame, counted)
                 if written == len(frame):
                     if not checkpoint:
-                        for name in names:
-                            state.sent[name] += 1
+                        state.sent_locked(names)
                     return
                 frame = frame[written:]
                 backlog.head_cut = bool(written)  # the pipe holds the first part of this frame
