@@ -448,7 +448,12 @@ class JobStates:
     def __init__(self) -> None:
         self.states: list[JobState] = []
         self.missing: list[str] = []
-        self.unreadable: list[str] = []
+        #: Each board that could not be read (its ``where``), and why, in words.
+        self.unread: dict[str, str] = {}
+
+    @property
+    def unreadable(self) -> list[str]:
+        return list(self.unread.values())
 
     def updated_by(self, later: JobStates) -> JobStates:
         """These states with a later read's newer ones: a re-read that a slow board cut short
@@ -463,9 +468,7 @@ class JobStates:
         ranks = {s.world_rank for s in out.states}
         out.missing = [m for m in dict.fromkeys(self.missing + later.missing)
                        if int(m.split()[-1]) not in ranks]  # fmt: skip
-        read_before = {u.partition(" could not be read")[0] for u in self.unreadable}
-        out.unreadable = [u for u in later.unreadable
-                          if u.partition(" could not be read")[0] in read_before]  # fmt: skip
+        out.unread = {where: why for where, why in later.unread.items() if where in self.unread}
         return out
 
 
@@ -630,8 +633,8 @@ class StatePublisher:
             try:
                 states, missing = self._read_board(board, max(0.5, deadline - time.monotonic()))
             except Exception as exc:
-                found.unreadable.append(f"{board.where} could not be read "
-                                        f"({type(exc).__name__}: {_text(exc)})")  # fmt: skip
+                found.unread[board.where] = (f"{board.where} could not be read "
+                                             f"({type(exc).__name__}: {_text(exc)})")  # fmt: skip
                 continue
             found.missing += [m for m in missing if m not in found.missing]
             for state in states:
