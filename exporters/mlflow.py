@@ -361,6 +361,7 @@ class MlflowExporter(TrackerExporter):
             self.run_id, "otel_rl.resume_steps", ",".join([*steps, str(resume.step)])
         )
 
+    @_scrubs_errors
     def close(self, exit_code: int) -> None:
         if self._client is not None and self.run_id:
             self._client.set_terminated(self.run_id, status=run_status(exit_code))

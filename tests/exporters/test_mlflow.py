@@ -502,3 +502,30 @@ def test_a_server_that_refuses_fails_the_call_at_once_and_is_retried_until_it_is
         assert history(client, run.info.run_id, "loss") == [(0, 0.5), (1, 0.25)]
     finally:
         servers.stop_mlflow_server(server)
+
+
+def test_a_server_gone_before_the_close_fails_it_at_once_and_its_password_is_never_said(
+    log_dir, tmp_path, monkeypatch, otel_rl_warnings
+):
+    """The server stops after the first step (MLflow's own retries turned off, as a user may:
+    the write after it fails at once). The run's close then tries the connection first: it
+    fails at once rather than inside MLflow's retries, nothing of otel-rl runs after finish(),
+    and no message says the tracking URI's password."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    server = servers.start_mlflow_server(tmp_path / "gone-server")
+    uri = server.url.replace("http://", "http://trainer:s3cr3t-word@")
+    try:
+        logger = Logger({"log_dir": str(log_dir), "mlflow_enabled": True,
+                         "mlflow": {"tracking_uri": uri, "experiment_name": "gone"},
+                         "export": {"delivery": "thread", "shutdown_timeout": 3}})  # fmt: skip
+        logger.log_metrics({"loss": 0.5}, step=0, step_finished=True)
+        assert logger.flush(timeout=30)
+    finally:
+        servers.stop_mlflow_server(server)
+    logger.log_metrics({"loss": 0.25}, step=1, step_finished=True)
+    logger.finish()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("otel-rl")] == []
+    said = [r.getMessage() for r in otel_rl_warnings.records]
+    (closed,) = [m for m in said if "close failed" in m]
+    assert "cannot be reached" in closed and "trainer:***REDACTED***@127.0.0.1" in closed, closed
+    assert not any("s3cr3t-word" in m for m in said), said
