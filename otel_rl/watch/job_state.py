@@ -455,6 +455,11 @@ class JobStates:
     def unreadable(self) -> list[str]:
         return list(self.unread.values())
 
+    def drop_found_ranks(self) -> None:
+        """A rank that one board misses and another holds has published: it is not missing."""
+        ranks = {s.world_rank for s in self.states}
+        self.missing = [m for m in self.missing if int(m.split()[-1]) not in ranks]
+
     def updated_by(self, later: JobStates) -> JobStates:
         """These states with a later read's newer ones: a re-read that a slow board cut short
         (the job's store under load) takes nothing away from what an earlier read found."""
@@ -465,9 +470,8 @@ class JobStates:
                 merged[state.where] = state
         out = JobStates()
         out.states = list(merged.values())
-        ranks = {s.world_rank for s in out.states}
-        out.missing = [m for m in dict.fromkeys(self.missing + later.missing)
-                       if int(m.split()[-1]) not in ranks]  # fmt: skip
+        out.missing = list(dict.fromkeys(self.missing + later.missing))
+        out.drop_found_ranks()
         out.unread = {where: why for where, why in later.unread.items() if where in self.unread}
         return out
 
@@ -647,8 +651,7 @@ class StatePublisher:
         own = self.state(boards)
         merged[own.where] = own
         found.states = list(merged.values())
-        ranks = {s.world_rank for s in found.states}
-        found.missing = [m for m in found.missing if int(m.split()[-1]) not in ranks]
+        found.drop_found_ranks()
         return found
 
     def read_fresh(self, since: float, wait: float) -> JobStates:
