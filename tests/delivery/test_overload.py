@@ -209,15 +209,22 @@ def test_a_sigkill_at_a_random_moment_of_a_loop_flat_out_loses_nothing_handed_ov
 @pytest.mark.slow
 def test_a_whole_job_sigkilled_after_the_handoff_loses_at_most_what_was_never_on_disk(tmp_path):
     """The training process and its delivery process SIGKILLed at once while the delivery
-    process is far behind: what was handed over in handoff files arrives after replay, once,
-    in order. Only frames that never reached a disk are lost: those in the pipe (1 MiB) and
-    read but not yet spooled by the delivery process (half an ``fsync_interval``), and the last
-    ``fsync_interval`` before the kill (docs/reliability.md, "Losses that remain")."""
+    process is far behind (stopped until the first handoff file): what was handed over in
+    handoff files arrives after replay, once, in order. Only frames that never reached a disk
+    are lost: those in the pipe (1 MiB) and read but not yet spooled by the delivery process
+    (half an ``fsync_interval``), and the last ``fsync_interval`` before the kill
+    (docs/reliability.md, "Losses that remain")."""
     process, (_, delivery_pid) = _start_loop(tmp_path, "process")
+    # Far behind for certain, however fast this machine is today: the delivery process is
+    # stopped until the training process has handed frames over in a file, then runs behind.
+    os.kill(delivery_pid, signal.SIGSTOP)
     deadline = time.monotonic() + 30
-    while not list(handoff_dir(tmp_path / "logs").glob("handoff-*.frames")):
-        assert time.monotonic() < deadline, _output(tmp_path)
-        time.sleep(0.02)
+    try:
+        while not list(handoff_dir(tmp_path / "logs").glob("handoff-*.frames")):
+            assert time.monotonic() < deadline, _output(tmp_path)
+            time.sleep(0.02)
+    finally:
+        os.kill(delivery_pid, signal.SIGCONT)
     time.sleep(1.0)
     killed_at = time.monotonic()
     os.kill(delivery_pid, signal.SIGKILL)
