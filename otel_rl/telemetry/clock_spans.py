@@ -122,26 +122,25 @@ class ClockSpans:
 
     def close(self) -> None:
         """The run is over: the clock keeps no more records for it."""
-        self._clock.stop_spans()
+        self._clock.stop_spans(self._closed)
 
     def spans(self) -> Iterator[PlainSpan]:
         """The spans of the steps sealed since the last call, step by step (the trace file's
         thread, which writes them as they come). A step whose timers did not run has none."""
         closed, waiting = self._closed, self._waiting
-        with closed.lock:  # another run's reader counts its own takes
-            recorded = self._clock.recorded  # read before the deque's length: see pushed_out
-            count = len(closed)
-            for index in range(count):
-                record = closed.popleft()
-                held = waiting.get(record[8])
-                if held is None:
-                    waiting[record[8]] = [record]
-                else:
-                    held.append(record)
-                if index % YIELD_EVERY == YIELD_EVERY - 1:
-                    time.sleep(0)  # the GIL to the training thread now and then
-            closed.taken += count
-            lost = closed.pushed_out(recorded)
+        recorded = self._clock.recorded  # read before the deque's length: see pushed_out
+        count = len(closed)
+        for index in range(count):
+            record = closed.popleft()
+            held = waiting.get(record[8])
+            if held is None:
+                waiting[record[8]] = [record]
+            else:
+                held.append(record)
+            if index % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)  # the GIL to the training thread now and then
+        closed.taken += count
+        lost = closed.pushed_out(recorded)
         if lost > 0 and not self._overflowed:
             self._overflowed = True
             _log.warning("otel-rl: timers were used %d times or more before the trace file's "

@@ -50,25 +50,38 @@ ClosedTimer = tuple[str, float, float, int, str, int, int, int, int]
 
 
 class SpanRecords(deque[ClosedTimer]):
-    """The closed uses for spans (:meth:`PhaseClock.record_spans`), bounded, and what their
-    readers took (only readers count, under ``lock``: the clock's thread just appends)."""
+    """One reader's closed uses for spans (:meth:`PhaseClock.record_spans`), bounded, and what
+    it took (only the reader counts: the clock's thread just appends)."""
 
     def __init__(self, since: int) -> None:
         super().__init__(maxlen=SPAN_RECORDS)
-        self.lock = threading.Lock()
         self._since = since  # the clock's count of closed uses when this record began
-        #: That count when the clock stopped appending here (its last reader stopped), if so.
+        #: That count when the clock stopped appending here (its reader stopped), if so.
         self.until: int | None = None
         self.taken = 0
 
     def pushed_out(self, recorded: int) -> int:
-        """How many of the uses appended the bound let go before a reader took them, given the
-        clock's count of closed uses read before this call (so that it is never over-counted:
-        an append racing it only makes it smaller). Called by a reader, holding ``lock``."""
+        """How many of the uses appended the bound let go before the reader took them, given
+        the clock's count of closed uses read before this call (so that it is never
+        over-counted: an append racing it only makes it smaller)."""
         until = self.until
         if until is not None and until < recorded:  # another record took the later ones
             recorded = until
         return recorded - self._since - self.taken - len(self)
+
+
+class _EveryReader:
+    """What the clock appends a closed use to when more than one reader records (two Loggers
+    in one process): each reader's own record gets it."""
+
+    __slots__ = ("readers",)
+
+    def __init__(self, readers: tuple[SpanRecords, ...]) -> None:
+        self.readers = readers
+
+    def append(self, closed: ClosedTimer) -> None:
+        for records in self.readers:
+            records.append(closed)
 
 
 _now = time.monotonic
@@ -122,28 +135,31 @@ class PhaseClock:
         self._history: dict[str, deque[float]] | None = {} if history else None
         self._seq = itertools.count(1)
         self._epoch = 0
-        #: Closed uses, for spans: ``(name, start, end, thread id, thread name, seq, parent seq
-        #: or 0, epoch of the outermost timer open around it, epoch it closed in)``; ``None``
-        #: until :meth:`record_spans`.
-        self._closed: SpanRecords | None = None
-        #: Closed uses appended to it so far (a reader sees whether any closed since it looked).
+        #: Where closed uses go, for spans: ``(name, start, end, thread id, thread name, seq,
+        #: parent seq or 0, epoch of the outermost timer open around it, epoch it closed in)``;
+        #: the one reader's record, every reader's, or ``None`` when none records.
+        self._closed: SpanRecords | _EveryReader | None = None
+        self._span_readers: tuple[SpanRecords, ...] = ()
+        #: Closed uses appended so far (a reader sees whether any closed since it looked).
         self.recorded = 0
-        self._span_readers = 0
 
     def record_spans(self) -> SpanRecords:
-        """From now on every use that closes is appended to the deque returned (its reader takes
-        from its left), until every caller has called :meth:`stop_spans`."""
-        self._span_readers += 1
-        if self._closed is None:
-            self._closed = SpanRecords(self.recorded)
-        return self._closed
+        """From now on every use that closes is appended to the deque returned, the caller's
+        own (it takes from its left), until it calls :meth:`stop_spans` with it."""
+        records = SpanRecords(self.recorded)
+        self._set_readers((*self._span_readers, records))
+        return records
 
-    def stop_spans(self) -> None:
-        self._span_readers -= 1
-        if self._span_readers <= 0:
-            if self._closed is not None:
-                self._closed.until = self.recorded
-            self._span_readers, self._closed = 0, None
+    def stop_spans(self, records: SpanRecords) -> None:
+        """That reader's record gets no more uses."""
+        records.until = self.recorded
+        self._set_readers(tuple(r for r in self._span_readers if r is not records))
+
+    def _set_readers(self, readers: tuple[SpanRecords, ...]) -> None:
+        self._span_readers = readers
+        self._closed = None if not readers else readers[0] if len(readers) == 1 else (
+            _EveryReader(readers)
+        )  # fmt: skip
 
     def next_epoch(self) -> int:
         """End the current epoch (a step's timers, up to a ``log_metrics`` call) and return it:
@@ -266,8 +282,6 @@ class PhaseClock:
         ident = threading.get_ident()
         for other in [i for i in self._threads if i != ident]:
             self._threads.pop(other, None)
-        if self._closed is not None:  # a reader may have held it at the fork
-            self._closed.lock = threading.Lock()
 
 
 def _drop_orphans(state: _ThreadPhases, now: float) -> None:

@@ -192,7 +192,7 @@ def test_the_uses_pushed_out_of_the_clocks_record_are_counted_exactly_and_only_i
         clock.close("a")
     assert len(records) == SPAN_RECORDS
     assert records.pushed_out(clock.recorded) == 2 + 7  # the 2 left, then 7 more past the bound
-    clock.stop_spans()
+    clock.stop_spans(records)
     newer = clock.record_spans()
     assert newer is not records
     for _ in range(50):
@@ -245,3 +245,34 @@ def test_flush_puts_the_spans_of_the_steps_sealed_so_far_on_disk(tmp_path):
         assert steps == [0, 1, 2]
         assert sum(1 for span in spans if span[0] == "generation") == 3
 
+
+
+@pytest.mark.parametrize("sdk", [False, True], ids=["clock", "sdk"])
+def test_two_loggers_in_one_process_each_keep_the_spans_of_their_own_steps(tmp_path, sdk):
+    """A training Logger and an evaluation Logger side by side, one thread: the process's
+    clock feeds both (or, with ``tracing.enabled``, each has its SDK tracer), and each one's
+    trace file has the spans of the timers of its own steps, each in its step's trace, none of
+    the other's and none lost."""
+    steps = 5
+    tracing = {"picture": False, **({"enabled": True} if sdk else {})}
+    first = Logger({"log_dir": str(tmp_path / "train"), "tracing": tracing})
+    second = Logger({"log_dir": str(tmp_path / "eval"), "tracing": tracing})
+    for step in range(steps):
+        with first.timer("rollout"):
+            time.sleep(0.001)
+        first.log_metrics({"loss": float(step)}, step=step, step_finished=True)
+        with second.timer("score"):
+            time.sleep(0.001)
+        second.log_metrics({"accuracy": float(step)}, step=step, step_finished=True)
+    first.finish()
+    second.finish()
+    for folder, timer in (("train", "rollout"), ("eval", "score")):
+        spans = _spans(tmp_path / folder)
+        step_of = {
+            trace: attributes["rl.step"]
+            for name, trace, _, _, attributes in spans.values()
+            if name == "rl.step"
+        }
+        timed = sorted(step_of[trace] for name, trace, _, _, _ in spans.values() if name == timer)
+        assert {name for name, *_ in spans.values()} == {"rl.step", timer}, folder
+        assert timed == list(range(steps)), folder
