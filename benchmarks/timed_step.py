@@ -5,6 +5,9 @@ five timers around empty blocks (``generation``, ``reward``, ``ref_logprobs``, t
 holding ``forward``), then ``log_metrics`` of 100 float keys with ``step_finished=True``
 (``benchmarks.hot_loop.timed_step``); the same loop with the keys alone (``keys_step``) runs in
 the same process, alternated with it, so the ratio of the two is what the timers cost a step.
+A third side, the floor (``hot_loop.floor_step``), replaces the five timers with five bare
+``with`` blocks that read the clock and append: what five blocks cost this interpreter at the
+least, so ``ratio_floor_median`` is the lowest ratio any timer written in Python could reach.
 Both are timed by ``training_thread``'s loop, through the public API only (``Logger(cfg)``,
 ``logger.timer(name)``, ``logger.log_metrics``), and reported as the training thread's median,
 p99.9 and max per step, with each side's time from the loop's start until ``finish()`` returned
@@ -37,7 +40,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.hot_loop import STEP_KINDS
+from benchmarks.hot_loop import STEP_KINDS, floor_step
 from benchmarks.training_thread import (
     four_trackers,
     make_rows,
@@ -50,8 +53,10 @@ from benchmarks.training_thread import (
 STEPS, DEFAULT_STEPS, ROUNDS, KEYS = 500, 2_000, 3, 100
 #: ``export.shutdown_timeout`` of the four trackers' runs (seconds).
 FINISH_TIMEOUT_S = 120.0
-#: The two kinds of step (``hot_loop.STEP_KINDS``).
-KEYS_ALONE, TIMED = "keys", "timers+keys"
+#: The kinds of step: ``hot_loop.STEP_KINDS``'s two, and the floor (five bare ``with`` blocks
+#: and the keys: ``hot_loop.floor_step``), what no timer written in Python can go below.
+KEYS_ALONE, TIMED, FLOOR = "keys", "timers+keys", "floor+keys"
+KINDS = {**STEP_KINDS, FLOOR: floor_step}
 
 #: The default config's two variants: as a user writes it, and with tracing switched off.
 DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -77,12 +82,12 @@ def alternate(
 ) -> dict[Side, list[dict[str, Any]]]:
     """Every config with each kind of step, in one order, then the reverse, ``rounds`` times:
     each side's runs (``run_logger``'s results)."""
-    sides: list[Side] = [(config, kind) for config in configs for kind in STEP_KINDS]
+    sides: list[Side] = [(config, kind) for config in configs for kind in KINDS]
     runs: dict[Side, list[dict[str, Any]]] = {side: [] for side in sides}
     for r in range(rounds):  # alternate so the machine's drift hits every side alike
         for i, (config, kind) in enumerate(sides if r % 2 == 0 else sides[::-1]):
             cfg = configs[config](root / f"round{r}-{i}")
-            runs[config, kind].append(run_logger(cfg, rows, step=kind))
+            runs[config, kind].append(run_logger(cfg, rows, step=KINDS[kind]))
     return runs
 
 
@@ -91,19 +96,22 @@ def costs(runs: Sequence[dict[str, Any]]) -> list[float]:
     return [c for run in runs for c in run["costs"]]
 
 
-def summary(keys: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Both kinds of step's median, p99.9 and max, timed over keys alone for each, and the
-    median time from the loop's start until ``finish()`` returned (every row delivered)."""
+def summary(runs: Mapping[str, Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """Each kind of step's median, p99.9 and max (``runs``: by kind), timed over keys alone
+    for each, the floor's median over keys alone, and the median time from the loop's start
+    until ``finish()`` returned (every row delivered)."""
+    keys, timed = runs[KEYS_ALONE], runs[TIMED]
     out: dict[str, Any] = {}
-    for side, runs in (("keys", keys), ("timed", timed)):
-        each = costs(runs)
+    for side, each_run in (("keys", keys), ("timed", timed), ("floor", runs[FLOOR])):
+        each = costs(each_run)
         out[f"{side}_median_us"] = round(statistics.median(each), 1)
         out[f"{side}_p99.9_us"] = round(percentile(each, 99.9), 1)
         out[f"{side}_max_us"] = round(max(each), 1)
     for measure in ("median", "p99.9", "max"):
         out[f"ratio_{measure}"] = round(out[f"timed_{measure}_us"] / out[f"keys_{measure}_us"], 2)
-    for side, runs in (("keys", keys), ("timed", timed)):
-        out[f"{side}_durable_s"] = round(statistics.median(r["durable_s"] for r in runs), 2)
+    out["ratio_floor_median"] = round(out["floor_median_us"] / out["keys_median_us"], 2)
+    for side, each_run in (("keys", keys), ("timed", timed)):
+        out[f"{side}_durable_s"] = round(statistics.median(r["durable_s"] for r in each_run), 2)
     return out
 
 
@@ -133,7 +141,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                 out.append({
                     "trackers": "TensorBoard + MLflow + W&B + JSONL", "mlflow": store,
                     "delivery": delivery, "steps": steps, "rounds": rounds,
-                    **summary(runs[delivery, KEYS_ALONE], runs[delivery, TIMED]),
+                    **summary({kind: runs[delivery, kind] for kind in KINDS}),
                 })  # fmt: skip
             rows = make_rows(default_steps, KEYS)
             configs = {v: partial(default_config, variant=v) for v in DEFAULT_CONFIGS}
@@ -142,7 +150,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                 row = {
                     "trackers": f"JSONL + TensorBoard ({variant})", "delivery": "thread",
                     "steps": default_steps, "rounds": rounds,
-                    **summary(runs[variant, KEYS_ALONE], runs[variant, TIMED]),
+                    **summary({kind: runs[variant, kind] for kind in KINDS}),
                 }  # fmt: skip
                 if variant != "defaults":
                     for kind, side in ((KEYS_ALONE, "keys"), (TIMED, "timed")):

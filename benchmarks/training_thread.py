@@ -140,14 +140,19 @@ def run_ours(
     delivery: str = "thread",
     step: str = "keys",
 ) -> dict[str, Any]:
-    return run_logger(four_trackers(log_dir, tracking_uri, delivery), rows, pause, step)
+    return run_logger(four_trackers(log_dir, tracking_uri, delivery), rows, pause,
+                      STEP_KINDS[step])  # fmt: skip
 
 
 def run_logger(
-    cfg: dict[str, Any], rows: list[dict[str, float]], pause: float = 0.0, step: str = "keys"
+    cfg: dict[str, Any],
+    rows: list[dict[str, float]],
+    pause: float = 0.0,
+    step: Callable[[Any, dict[str, Any], int], None] = STEP_KINDS["keys"],
 ) -> dict[str, Any]:
-    """One ``Logger(cfg)`` through ``rows``, each call one step of kind ``step``
-    (:data:`benchmarks.hot_loop.STEP_KINDS`: the keys alone, or five timers and the keys)."""
+    """One ``Logger(cfg)`` through ``rows``, each call one ``step(logger, row, step number)``
+    (one of :data:`benchmarks.hot_loop.STEP_KINDS`: the keys alone, or five timers and the
+    keys)."""
     from otel_rl import Logger
 
     logger = Logger(cfg)
@@ -155,7 +160,7 @@ def run_logger(
     if not logger.flush(timeout=120):  # every tracker open, as after a real run's set-up
         raise RuntimeError("trackers did not open within 120 s")
     start = time.perf_counter()
-    costs, loop = timed_loop(functools.partial(STEP_KINDS[step], logger), rows, pause)
+    costs, loop = timed_loop(functools.partial(step, logger), rows, pause)
     logger.finish()
     durable = time.perf_counter() - start
     for exporter in logger.exporters:  # every row reached every tracker, or the numbers lie
