@@ -60,10 +60,13 @@ _PERMANENT_ERRORS = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALI
 _Hook = TypeVar("_Hook", bound=Callable[..., Any])
 
 
-def _scrubs_errors(hook: _Hook) -> _Hook:
-    """MLflow's errors quote the request URL, which holds the tracking URI's ``user:password@``;
-    the error is scrubbed in place (type and ``error_code`` kept, so it is classified the same)
-    before it reaches any log line or the spool."""
+def _server_call(hook: _Hook) -> _Hook:
+    """A hook that calls the tracking server: the server is reached first (a TCP connection,
+    :meth:`MlflowExporter._reach_server`) while no call has reached it since the last failure,
+    so that a server that is down fails the try at once, not after MLflow's own retries; and
+    its error is scrubbed in place (MLflow's errors quote the request URL, which holds the
+    tracking URI's ``user:password@``; type and ``error_code`` kept, so it is classified the
+    same) before it reaches any log line or the spool."""
 
     @functools.wraps(hook)
     def wrapper(self: MlflowExporter, *args: Any, **kwargs: Any) -> Any:
@@ -250,7 +253,7 @@ class MlflowExporter(TrackerExporter):
 
     # ---- worker thread -----------------------------------------------------------------------
 
-    @_scrubs_errors
+    @_server_call
     def open(self) -> None:
         from mlflow import MlflowClient
 
@@ -274,7 +277,7 @@ class MlflowExporter(TrackerExporter):
     def write_step(self, step: int, rows: Mapping[str, RowValue], batch: StepBatch) -> None:
         self.write_batches([batch])
 
-    @_scrubs_errors
+    @_server_call
     def write_batches(self, batches: Sequence[StepBatch]) -> None:
         pending: list[tuple[StepBatch, Any]] = []
         for batch in batches:
@@ -291,7 +294,7 @@ class MlflowExporter(TrackerExporter):
                     path = f"text/{_artifact_dir(key)}/step_{batch.step}.txt"
                     self._client.log_text(self.run_id, value, path)
 
-    @_scrubs_errors
+    @_server_call
     def write_hyperparams(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
@@ -319,12 +322,12 @@ class MlflowExporter(TrackerExporter):
         for start in range(0, len(items), MAX_PARAMS_PER_REQUEST):
             self._send(items[start : start + MAX_PARAMS_PER_REQUEST], "params")
 
-    @_scrubs_errors
+    @_server_call
     def write_plot(self, name: str, step: int, png: bytes) -> None:
         folder = f"plots/{_artifact_dir(name)}"
         self._log_file(folder, self._unused_name(folder, f"step_{step}", ".png"), png)
 
-    @_scrubs_errors
+    @_server_call
     def write_table(self, name: str, step: int, columns: Sequence[str], rows: TableRows) -> None:
         # MLflow's own table layout (pandas' "split" orientation): read back with
         # pandas.read_json(path, orient="split") or json.load.
@@ -338,18 +341,18 @@ class MlflowExporter(TrackerExporter):
         filename = self._unused_name(folder, f"step_{event.step}", ".txt")
         self._log_file(folder, filename, f"{event.title}\n\n{event.text}\n".encode())
 
-    @_scrubs_errors
+    @_server_call
     def write_page(self, name: str, step: int, html: str, png: bytes) -> None:
         # MLflow's artifact view shows an .html file as the page itself.
         folder = f"pages/{_artifact_dir(name)}"
         filename = self._unused_name(folder, f"step_{step}", ".html")
         self._log_file(folder, filename, html.encode("utf-8"))
 
-    @_scrubs_errors
+    @_server_call
     def continue_run(self, resume_config: Mapping[str, Any]) -> None:
         self.run_id = (resume_config.get("mlflow") or {}).get("run_id") or self.run_id
 
-    @_scrubs_errors
+    @_server_call
     def write_resume(self, resume: Resume) -> None:
         # MLflow keeps every value logged at a step (its history shows both attempts there;
         # the charts draw the latest): the tags say which attempts the run had and where each
@@ -361,7 +364,7 @@ class MlflowExporter(TrackerExporter):
             self.run_id, "otel_rl.resume_steps", ",".join([*steps, str(resume.step)])
         )
 
-    @_scrubs_errors
+    @_server_call
     def close(self, exit_code: int) -> None:
         if self._client is not None and self.run_id:
             self._client.set_terminated(self.run_id, status=run_status(exit_code))
