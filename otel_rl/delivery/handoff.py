@@ -36,11 +36,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otel_rl.core.errors import ConfigError
 from otel_rl.delivery.frames import read_frames, record_from_body
 from otel_rl.delivery.spool import Spool, SpoolBusy, private_dirs, segment_paths, spool_root
 
 _APPEND_EVERY = 2_000  # records per spool write: one write call, tens of kilobytes or more
 _READ_CHUNK = 256 << 10
+
+
+#: ``(pid, folder)`` of this process's live launches. A launch's files are named by its pid, so
+#: two Loggers of one process cannot share a handoff folder: the second is refused.
+_LIVE: set[tuple[int, str]] = set()
+
+
+def claim_folder(folder: Path, log_dir: str) -> tuple[int, str]:
+    """Claim ``folder`` for a launch of this process, before its delivery process starts;
+    :class:`ConfigError` when another Logger of this process holds it."""
+    key = (os.getpid(), os.path.realpath(folder))
+    if key in _LIVE:
+        raise ConfigError(
+            f"another Logger of this process delivers to {log_dir} with export.delivery "
+            "'process': give each Logger its own log_dir, or use export.delivery 'thread'"
+        )
+    _LIVE.add(key)
+    return key
+
+
+def release_folder(key: tuple[int, str] | None) -> None:
+    if key is not None:
+        _LIVE.discard(key)
 
 
 def _manifest(folder: Path, pid: int) -> Path:

@@ -18,7 +18,7 @@ from otel_rl.core.errors import ConfigError
 from otel_rl.core.failures import losses
 from otel_rl.delivery import link_messages as say
 from otel_rl.delivery.frames import encode_frame
-from otel_rl.delivery.handoff import LaunchFiles
+from otel_rl.delivery.handoff import LaunchFiles, claim_folder, release_folder
 from otel_rl.delivery.link_backlog import Backlog, Numbered
 from otel_rl.delivery.link_state import LinkState, Pipe
 from otel_rl.delivery.link_status import StatusReader
@@ -54,6 +54,7 @@ class DeliveryHandle:
         self._token = os.urandom(6).hex()
         self._settings["launch"] = self._token
         self._launch: LaunchFiles | None = None
+        self._claimed: tuple[int, str] | None = None  # the handoff folder, for this launch
         self._spooled_from: dict[str, int] = {}  # each spool's last record before the run
         self._ends: dict[str, SpoolEnd] | None = None  # the spools as the child left them
 
@@ -84,16 +85,16 @@ class DeliveryHandle:
         self._writer.start(encode_frame("hello", self._settings), own_cores)
         if not status.started.wait(timeout) or status.start_error is not None:
             reason = status.start_error or say.not_started_in(timeout)
-            state.killed_here()  # no run was started: its end is no news
-            self.kill()
-            # A Logger() that raises leaves nothing running: the status thread hears the end
-            # and tells the pusher, which then ends.
-            status.finished.wait(DELIVERY_GRACE)
-            self._writer.join(DELIVERY_GRACE)
-            self._writer.close()  # finish() closes the pipe only for a child that started
+            self._stop_unstarted()
             if status.config_error:  # the same error as with the trackers in this process
                 raise ConfigError(reason)
             raise ConfigError(say.start_failed(reason))
+        if self._handoff_dir is not None:
+            try:
+                self._claimed = claim_folder(self._handoff_dir, self._settings["log_dir"])
+            except ConfigError:
+                self._stop_unstarted()
+                raise
         # No record was sent yet: what each spool holds from here on came from this run.
         self._spooled_from = {
             name: last_seq(folder)
@@ -105,6 +106,15 @@ class DeliveryHandle:
                 self._launch = LaunchFiles(self._handoff_dir, self._token, status.spool_dirs)
             except OSError as exc:  # the handoff files fail the same way: said there
                 say.say_no_handoff_folder(exc)
+
+    def _stop_unstarted(self) -> None:
+        """The run does not start: the child is killed, and a Logger() that raises leaves
+        nothing running (the status thread hears the end and tells the pusher, which ends)."""
+        self._state.killed_here()  # no run was started: its end is no news
+        self.kill()
+        self._status.finished.wait(DELIVERY_GRACE)
+        self._writer.join(DELIVERY_GRACE)
+        self._writer.close()  # finish() closes the pipe only for a child that started
 
     def finish(self, deadline: Deadline, exit_code: int) -> None:
         """Tell the child the run ended with ``exit_code``; it delivers what it can by
@@ -150,6 +160,7 @@ class DeliveryHandle:
             self._left_in_spools()
         if self._launch is not None:
             self._launch.release()
+        release_folder(self._claimed)
         for name in state.names:
             lost = losses(state.local_stats[name])
             if lost:

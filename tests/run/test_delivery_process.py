@@ -456,6 +456,24 @@ def test_a_run_id_in_use_is_refused_at_logger_with_the_delivery_process_reason(t
         first.finish()
 
 
+def test_a_second_logger_of_one_process_on_the_same_log_dir_is_refused_at_once(tmp_path):
+    """A launch's handoff files are named by its pid: a second Logger of the process on the
+    same log_dir is refused with the way out (it waited for the first one's lock for ever),
+    the first goes on, and once it finished the log_dir takes a new Logger."""
+    first = Logger(_cfg(tmp_path))
+    began = time.monotonic()
+    with pytest.raises(ConfigError, match="another Logger of this process delivers to"):
+        Logger(_cfg(tmp_path))
+    assert time.monotonic() - began < 10
+    for step in range(3):
+        first.log_metrics({"loss": float(step)}, step=step)
+    first.finish()
+    with Logger(_cfg(tmp_path)) as again:
+        again.log_metrics({"loss": 3.0}, step=3)
+    rows = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["loss"]) for r in rows] == [(s, float(s)) for s in range(4)]
+
+
 def test_a_dead_delivery_process_never_costs_the_loop_and_its_records_wait_for_replay(
     tmp_path, caplog
 ):
