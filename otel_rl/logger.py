@@ -196,9 +196,14 @@ class Logger:
         """Time a block or a function into the histogram ``timing/<name>`` (seconds).
 
         Rows show the step's total seconds under ``timing/<name>``; Prometheus and OTLP get the
-        histogram.
+        histogram. A generator or coroutine function is timed from its first step to its end.
+        A name is checked as a logged key is (another type converted to text, a lone surrogate
+        refused: a timer that times nothing), reported once, raised in strict mode.
         """
-        timer = self._shared_timers.get(name)  # the usual call: a timer used before
+        try:
+            timer = self._shared_timers.get(name)  # the usual call: a timer used before
+        except TypeError:  # a name that is no dict key (a list): checked below
+            timer = None
         return timer if timer is not None else self._intake.timer(name)
 
     def log_worker_metrics(

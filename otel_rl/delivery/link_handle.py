@@ -61,7 +61,7 @@ class DeliveryHandle:
     def start(self, timeout: float) -> None:
         """Start the child and wait until its trackers are started (their spools taken);
         raise :class:`ConfigError` with the child's reason when they cannot be."""
-        state, status = self._state, self._status
+        status = self._status
         # The delivery process keeps off the caller's (the training thread's) core, and so do
         # this end's threads where that leaves them two cores or more: otel_rl/process/cores.py.
         cores = spare_cores()

@@ -31,7 +31,8 @@ class Deadline:
     __slots__ = ("at",)
 
     def __init__(self, seconds: float) -> None:
-        self.at = time.monotonic() + max(0.0, seconds)
+        # ``flush(float("inf"))`` means as long as it takes: MAX_SECONDS; NaN is no time at all.
+        self.at = time.monotonic() + max(0.0, min(seconds, MAX_SECONDS))
 
     def left(self) -> float:
         """Seconds until the deadline (0 once it has passed)."""

@@ -131,8 +131,9 @@ class StepAssembler:
         if step is None:
             if self._step is not None:
                 return self._step
-            return 0 if self._last is None else self._last + 1
-        step = step if type(step) is int else integral_step(step)
+            step = 0 if self._last is None else self._last + 1  # (past int64 after its top)
+        elif type(step) is not int:
+            step = integral_step(step)
         if not INT64_MIN <= step <= INT64_MAX:
             # Every tracker stores steps as int64: such a step could never be written.
             raise MetricError(

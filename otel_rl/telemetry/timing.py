@@ -9,6 +9,7 @@ Logger's step.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import threading
 import time
@@ -364,14 +365,15 @@ class PhaseTimer:
         self._clock = clock
         self._tracer = tracer
         self._attributes = attributes
-        self._spans: list[Any] | None = [] if tracer is not None else None
+        #: Traced: each thread's open spans of this timer (one object may be used by many).
+        self._spans: dict[int, list[Any]] | None = {} if tracer is not None else None
 
     def __enter__(self) -> PhaseTimer:
         if self._spans is not None:
             scope = self._tracer.start_as_current_span(
                 self._name, attributes=self._attributes, end_on_exit=False
             )
-            self._spans.append((scope, scope.__enter__()))
+            self._spans.setdefault(_thread(), []).append((scope, scope.__enter__()))
         PROCESS_CLOCK.open(self._name)
         if self._clock is not None:
             self._clock.open(self._name)
@@ -384,10 +386,18 @@ class PhaseTimer:
         if elapsed is not None:
             self._done((self._key, elapsed))
         if self._spans is not None:
-            scope, span = self._spans.pop()
-            _end_span(scope, span, elapsed, exc)
+            held = self._spans.get(_thread())
+            if held:  # (none: a use opened on another thread, whose span that thread ends)
+                scope, span = held.pop()
+                if not held:
+                    del self._spans[_thread()]
+                _end_span(scope, span, elapsed, exc)
 
     def __call__(self, fn: F) -> F:
+        if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn) or (
+            inspect.isasyncgenfunction(fn)
+        ):  # fmt: skip
+            return _timed_iteration(self, fn)
         done, key, label = self._done, self._key, self._name
         opened, closed = _clock_hooks(self._clock)
         tracer, attributes = self._tracer, self._attributes
@@ -414,6 +424,55 @@ class PhaseTimer:
                     _end_span(scope, span, elapsed, exc)
 
         return timed  # type: ignore[return-value]
+
+
+def _timed_iteration(timer: PhaseTimer, fn: F) -> F:
+    """``fn``, a generator, coroutine or async generator function, timed from its first step
+    to its end (its items' consumer included, as a ``with`` around the loop would), not the
+    instant its call makes the generator or coroutine."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def timed_coroutine(*args: Any, **kwargs: Any) -> Any:
+            with timer:
+                return await fn(*args, **kwargs)
+
+        return timed_coroutine  # type: ignore[return-value]
+    if inspect.isasyncgenfunction(fn):
+
+        @functools.wraps(fn)
+        async def timed_async_items(*args: Any, **kwargs: Any) -> Any:
+            with timer:
+                async for item in fn(*args, **kwargs):
+                    yield item
+
+        return timed_async_items  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def timed_items(*args: Any, **kwargs: Any) -> Any:
+        with timer:
+            return (yield from fn(*args, **kwargs))
+
+    return timed_items  # type: ignore[return-value]
+
+
+class UnusedTimer(PhaseTimer):
+    """What ``Logger.timer`` hands out for a name it refused (and reported): it times nothing;
+    the block or the function it holds runs as it would without it."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:  # no clock, no key: nothing is recorded
+        pass
+
+    def __enter__(self) -> UnusedTimer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __call__(self, fn: F) -> F:
+        return fn
 
 
 def _clock_hooks(
@@ -476,7 +535,9 @@ class TimerFactory:
         self.shared: dict[str, PhaseTimer] = self._known if tracer is None else {}
         self._overflowed = False
 
-    def timer(self, name: str) -> PhaseTimer:
+    def timer(self, name: str, instrument: bool = True) -> PhaseTimer:
+        """The timer ``name``; raises ``KeyCollisionError`` when its OTel instrument's name is
+        taken, unless ``instrument`` is False (its rows then reach the trackers alone)."""
         known = self._known.get(name)
         if known is not None and self._tracer is None:
             return known
@@ -484,9 +545,10 @@ class TimerFactory:
             from otel_rl.core.catalogue import TIMING
 
             key, description = TIMING.member(name)
-            instrument = self._keys.claim(key, "timer")
-            if self._instruments is not None:
-                self._instruments.add(key, instrument, description)
+            if instrument:
+                claimed = self._keys.claim(key, "timer")
+                if self._instruments is not None:
+                    self._instruments.add(key, claimed, description)
         else:
             key = known._key
         timer = PhaseTimer(self._done.append, key, name, self._tracer, self._span_attributes,
@@ -579,7 +641,9 @@ class TimingInstruments:
         with self._lock:  # two outputs collecting at once: each timing is recorded once
             for _ in range(len(pending)):
                 key, seconds = pending.popleft()
-                records[key](seconds)
+                record = records.get(key)
+                if record is not None:  # (None: a timer whose instrument's name was taken)
+                    record(seconds)
         return [Observation(self.dropped)]
 
 

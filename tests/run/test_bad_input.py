@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -402,3 +403,75 @@ def test_lenient_good_keys_always_arrive_whatever_else_is_logged(tmp_path):
 
     check()
     logger.finish()
+
+
+# ---- a timer's name, a flush's timeout, the step after int64's top -----------------------------
+
+
+def test_a_timer_whose_name_is_refused_costs_only_itself(tmp_path, otel_rl_warnings):
+    """A timer's name is checked as a logged key's: another type becomes its text, a lone
+    surrogate (no tracker can store it: TensorBoard refused the whole step) gives a timer that
+    times nothing, a name whose OTel instrument is taken keeps its rows; each said, the loop
+    never raises, and the step's other values arrive."""
+    logger, capture = make_logger(tmp_path, strict=False)
+    logger.log_metrics({"timing/z": 5.0}, step=0)  # a hand-written timing key, as NeMo RL logs
+    with logger.timer(7):
+        pass
+    with logger.timer("bad\udc80"):
+        pass
+    with logger.timer("z"), logger.timer("ref-logprob"):
+        pass
+    with logger.timer("ref_logprob"):  # both are timing_ref_logprob to Prometheus
+        pass
+    with logger.timer(["unhashable"]):
+        pass
+    logger.log_metrics({"loss": 1.0}, step=1)
+    logger.finish()
+    row = capture.rows[1]
+    assert row["loss"] == 1.0 and row["timing/7"] >= 0 and row["timing/['unhashable']"] >= 0
+    assert all(row[f"timing/{name}"] >= 0 for name in ("z", "ref-logprob", "ref_logprob"))
+    assert not any("\udc80" in key for key in row)
+    said = otel_rl_warnings.text
+    assert "converted to the string '7'" in said and "lone surrogate" in said
+    assert "timing_ref_logprob" in said
+
+
+def test_strict_refuses_a_timer_name_that_lenient_mode_converts(tmp_path):
+    logger, _ = make_logger(tmp_path, strict=True)
+    with pytest.raises(MetricError, match="converted to the string '7'"):
+        logger.timer(7)
+    with pytest.raises(MetricError, match="lone surrogate"):
+        logger.timer("bad\udc80")
+    logger.finish()
+
+
+@pytest.mark.parametrize("delivery", ["thread", "process"])
+def test_flush_with_no_end_in_sight_waits_as_long_as_it_takes_and_the_run_goes_on(
+    tmp_path, delivery
+):
+    """``flush(float("inf"))`` is "as long as it takes" (it overflowed the clock: the delivery
+    process died of it, thread mode raised it); NaN is no wait at all."""
+    cfg = {"log_dir": str(tmp_path), "export": {"delivery": delivery}}
+    with Logger(cfg) as logger:
+        logger.log_metrics({"a": 0.0}, step=0)
+        assert logger.flush(float("inf")) is True
+        assert logger.flush(1e300) is True
+        logger.flush(float("nan"))
+        for step in range(1, 5):
+            logger.log_metrics({"a": float(step)}, step=step)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["metrics"]["a"]) for r in rows] == [(s, float(s)) for s in range(5)]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_the_step_after_the_top_of_int64_is_refused_like_any_step_past_it(tmp_path, strict):
+    logger, capture = make_logger(tmp_path, strict=strict)
+    top = 2**63 - 1
+    logger.log_metrics({"a": 1.0}, step=top, step_finished=True)
+    if strict:
+        with pytest.raises(MetricError, match="outside the signed 64-bit range"):
+            logger.log_metrics({"b": 2.0})
+    else:
+        logger.log_metrics({"b": 2.0})
+    logger.finish()
+    assert capture.rows == {top: {"a": 1.0}}

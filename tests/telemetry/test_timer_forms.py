@@ -1,0 +1,82 @@
+"""A timer's forms beyond a plain block: the decorator on generator and coroutine functions, and
+one traced timer object used by two threads at once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from otel_rl import Logger
+from testkit.readers import rows_by_step, trace_file_spans
+
+
+def test_a_decorated_generator_or_coroutine_is_timed_from_its_first_step_to_its_end(tmp_path):
+    """Not the instant its call makes the generator or coroutine (that took microseconds: the
+    rows said ~6 µs for 30 ms of work)."""
+    with Logger({"log_dir": str(tmp_path)}) as logger:
+
+        @logger.timer("items")
+        def items():
+            for i in range(3):
+                time.sleep(0.01)
+                yield i
+
+        @logger.timer("wait")
+        async def wait():
+            await asyncio.sleep(0.05)
+            return "done"
+
+        @logger.timer("stream")
+        async def stream():
+            for i in range(2):
+                await asyncio.sleep(0.02)
+                yield i
+
+        async def consume():
+            return [i async for i in stream()]
+
+        assert list(items()) == [0, 1, 2]
+        assert asyncio.run(wait()) == "done"
+        assert asyncio.run(consume()) == [0, 1]
+        logger.log_metrics({"loss": 1.0}, step=0)
+    row = rows_by_step(tmp_path / "metrics.jsonl")[0]
+    assert 0.03 <= row["timing/items"] < 1.0
+    assert 0.05 <= row["timing/wait"] < 1.0
+    assert 0.04 <= row["timing/stream"] < 1.0
+    assert items.__name__ == "items" and wait.__name__ == "wait"
+
+
+def test_one_traced_timer_used_by_two_threads_at_once_gives_each_its_own_span(tmp_path):
+    """Each thread's use ends its own span (they were swapped: a 10 ms use ended the span of a
+    200 ms one on the other thread, and OpenTelemetry could not detach their contexts)."""
+    cfg = {"log_dir": str(tmp_path), "tracing": {"enabled": True, "picture": False}}
+    with Logger(cfg) as logger:
+        shared = logger.timer("shared")
+        short_inside = threading.Event()
+
+        def long_use():
+            short_inside.wait(5)
+            with shared:
+                time.sleep(0.2)
+
+        def short_use():
+            with shared:
+                short_inside.set()
+                time.sleep(0.01)
+
+        threads = [threading.Thread(target=long_use, name="long"),
+                   threading.Thread(target=short_use, name="short")]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        logger.log_metrics({"loss": 1.0}, step=0)
+    seconds = {}
+    for _, span in trace_file_spans(tmp_path):
+        if span.name == "shared":
+            thread = next(kv.value.string_value for kv in span.attributes
+                          if kv.key == "thread.name")  # fmt: skip
+            seconds[thread] = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
+    assert set(seconds) == {"long", "short"}
+    assert seconds["long"] >= 0.2 and seconds["short"] < 0.15
