@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -217,8 +217,14 @@ class Logger:
 
         Each key is reduced as its worker declared, else by the ``reductions`` config, else
         ``mean``; timings take the ``max`` across workers by default (docs/distributed.md).
-        A conflicting declaration is reported (raised with ``strict: true``) and that key left out.
+        A conflicting declaration is reported (raised with ``strict: true``) and that key left out;
+        so is an entry that is no snapshot (``None``, a worker that sent nothing, is skipped).
         """
+        if isinstance(snapshots, (str, bytes, Mapping)) or not isinstance(snapshots, Iterable):
+            self._report("<log_worker_metrics>", "call dropped: give a list of "
+                         f"WorkerMetrics.snapshot() results, not {type(snapshots).__name__}")
+            return
+        snapshots = list(snapshots)  # (a generator is read once, here)
         trace_file = self._run.trace_file
         if trace_file is not None:  # the workers' spans, written on the trace file's thread
             for snapshot in snapshots:

@@ -55,6 +55,17 @@ from otel_rl.distributed.snapshot import (
 _TIMING_REDUCTIONS = ("max", "min", "mean", "sum")
 
 
+def _not_a_snapshot(snap: Any) -> str | None:
+    """What makes ``snap`` no ``WorkerMetrics`` snapshot, or ``None`` when it is one."""
+    if not isinstance(snap, Mapping) or snap.get("format") != FORMAT:
+        return f"expected a WorkerMetrics snapshot (format {FORMAT}), got {type(snap).__name__}"
+    if "role" not in snap or "rank" not in snap or not all(
+        isinstance(snap.get(part), Mapping) for part in ("scalars", "timings", "histograms")
+    ):  # fmt: skip
+        return "a WorkerMetrics snapshot without its role, rank, scalars, timings or histograms"
+    return None
+
+
 def merge_snapshots(
     snapshots: Iterable[Mapping[str, Any] | None],
     reductions: ReductionRules | Mapping[str, Any] | None = None,
@@ -63,10 +74,20 @@ def merge_snapshots(
 ) -> dict[str, Any]:
     """Merge worker snapshots into ``{key: value}`` (keys under ``prefix``), ready to log.
 
-    ``None`` entries (a worker that sent nothing) are skipped.
+    ``None`` entries (a worker that sent nothing) are skipped. An entry that is no snapshot
+    raises ``TypeError``, or with ``report`` is reported and left out (the others are merged).
     """
     rules = reductions if isinstance(reductions, ReductionRules) else ReductionRules(reductions)
-    given = [snap for snap in snapshots if snap is not None]
+    given = []
+    for index, snap in enumerate(snapshots):
+        problem = None if snap is None else _not_a_snapshot(snap)
+        if problem is None:
+            if snap is not None:
+                given.append(snap)
+        elif report is None:
+            raise TypeError(problem)
+        else:
+            report("<log_worker_metrics>", f"entry {index} left out: {problem}")
     # Scalars are grouped per key first; each key's reduction then reads only the fields it
     # needs, in one builtin pass (per-entry Python arithmetic was most of the cost).
     scalars: dict[str, list[ScalarEntry]] = {}
@@ -75,10 +96,6 @@ def merge_snapshots(
     conflicts: dict[str, str] = {}
 
     for snap in given:
-        if not isinstance(snap, Mapping) or snap.get("format") != FORMAT:
-            raise TypeError(
-                f"expected a WorkerMetrics snapshot (format {FORMAT}), got {type(snap).__name__}"
-            )
         worker = (snap["role"], snap["rank"])
         for key, entry in snap["scalars"].items():
             group = scalars.get(key)

@@ -197,6 +197,37 @@ def test_lenient_logger_reports_a_conflict_and_keeps_the_other_keys(log_dir, ote
         strict.log_worker_metrics(snaps, step=0)
 
 
+def test_an_entry_that_is_no_snapshot_costs_only_itself_and_no_list_is_said(
+    log_dir, otel_rl_warnings
+):
+    """Lenient: one malformed entry is left out (said, with its place) and the workers' other
+    snapshots are merged; a call given no list is dropped, said, and never raises. Strict: both
+    are a MetricError."""
+    workers = [WorkerMetrics(rank=r) for r in range(2)]
+    for r, w in enumerate(workers):
+        w.record("loss", float(r))
+    snaps = [workers[0].snapshot(), {}, None, "rank 2", workers[1].snapshot()]
+    with Logger({"log_dir": str(log_dir)}) as logger:
+        logger.log_worker_metrics(snaps, step=0)
+        logger.log_worker_metrics(None, step=1)  # type: ignore[arg-type]
+        logger.log_worker_metrics(5, step=1)  # type: ignore[arg-type]
+        for r, w in enumerate(workers):
+            w.record("loss", 10.0 + r)
+        logger.log_worker_metrics(iter([w.snapshot() for w in workers]), step=2)  # read once
+    rows = {r["step"]: r["metrics"] for r in jsonl_rows(log_dir / "metrics.jsonl")}
+    assert rows == {0: {"loss": 0.5}, 2: {"loss": 10.5}}
+    said = otel_rl_warnings.text
+    assert "entry 1 left out" in said and "entry 3 left out" in said
+    assert "not NoneType" in said and "not int" in said
+
+    strict = Logger({"log_dir": str(log_dir / "strict"), "strict": True})
+    with strict:
+        with pytest.raises(MetricError, match="expected a WorkerMetrics snapshot"):
+            strict.log_worker_metrics(snaps, step=0)
+        with pytest.raises(MetricError, match="give a list"):
+            strict.log_worker_metrics(None, step=0)  # type: ignore[arg-type]
+
+
 def test_reductions_and_tracing_config_are_checked_up_front():
     from otel_rl.config.loading import resolve_config
 
