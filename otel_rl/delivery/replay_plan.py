@@ -14,7 +14,7 @@ import inspect
 import struct
 import tempfile
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,14 @@ class _Run:
     count: int = 1
 
 
+#: Records read between two looks at whether the replay was told to stop (minus one: a mask).
+_STOP_EVERY = 4095
+
+
+class PlanStopped(Exception):
+    """The replay was told to stop (a signal) while its plan was read."""
+
+
 class ReplayPlan:
     """What replay sends of one spool and in what order, learned by reading it once without
     decoding its step records (:func:`~otel_rl.delivery.spool.parse_facts`); :meth:`records`
@@ -135,7 +143,12 @@ class ReplayPlan:
     of the backlog.
     """
 
-    def __init__(self, directory: Path, acks: Acks, known_end: int) -> None:
+    def __init__(
+        self, directory: Path, acks: Acks, known_end: int,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> None:  # fmt: skip
+        """Raises :class:`PlanStopped` when ``stop()`` says so while the spool is read (a
+        signal: reading a large spool takes seconds)."""
         self.directory = directory
         self.acks = acks
         self.segments = segment_paths(directory)
@@ -151,12 +164,12 @@ class ReplayPlan:
         #: Checkpoints to send, as spilled entries (few: one per step never sealed).
         self.checkpoints: list[tuple[float, int, int, int]] = []
         try:
-            self._read(known_end)
+            self._read(known_end, stop)
         except BaseException:
             self.close()
             raise
 
-    def _read(self, known_end: int) -> None:
+    def _read(self, known_end: int, stop: Callable[[], bool]) -> None:
         acks, done, runs, spill = self.acks, self.done, self.runs, self.spill
         attempt = acks.attempt
         tried = range(attempt.first, attempt.last + 1) if attempt is not None else range(0)
@@ -175,6 +188,8 @@ class ReplayPlan:
             parse=parse_facts,
         ):  # fmt: skip
             kind, step, axis, seal, provisional = facts
+            if not seq & _STOP_EVERY and stop():
+                raise PlanStopped
             if seal is not None and kind == STEP and not provisional:
                 if type(seal) is int and _INT64_MIN <= seal <= _INT64_MAX:
                     sealed.add(seal)

@@ -316,6 +316,11 @@ class SeqSet:
         i = bisect_right(self._lo, seq) - 1
         return self._hi[i] if i >= 0 and self._hi[i] >= seq else None
 
+    def start_of(self, seq: int) -> int | None:
+        """The first number of the range holding ``seq`` (``None`` when ``seq`` is not held)."""
+        i = bisect_right(self._lo, seq) - 1
+        return self._lo[i] if i >= 0 and self._hi[i] >= seq else None
+
     def __contains__(self, seq: object) -> bool:
         if isinstance(seq, float) and seq.is_integer():  # equal to an int, as in a set
             seq = int(seq)
@@ -378,6 +383,17 @@ class Acks:
             if seq in r:
                 end = max(end or seq, r[-1])
         return end
+
+    def done_from(self, seq: int) -> int | None:
+        """When ``seq`` is done, the first number of the stretch of done numbers one of the
+        marks gives up to it; else ``None``."""
+        if seq <= self.upto:
+            return 0
+        start = self.ones.start_of(seq) if self.ones else None
+        for r in self.gone:
+            if seq in r:
+                start = min(seq if start is None else start, r[0])
+        return start
 
 
 def segment_paths(directory: Path) -> list[Path]:
@@ -737,11 +753,16 @@ def pending_count(directory: Path, known_end: int = 0) -> int:
 
 
 def _missing(directory: Path, seqs: range, acks: Acks) -> list[Skipped]:
-    # The first and last numbers not done, found without listing the range (it may be long).
-    first = next((seq for seq in seqs if not acks.done(seq)), None)
-    if first is None:
+    # The first and last numbers not done, found a stretch of marks at a time, never a number
+    # at a time: the range may be long (a mark far past the end, in a damaged acked.log).
+    first = seqs.start
+    while first < seqs.stop and (through := acks.done_through(first)) is not None:
+        first = through + 1
+    if first >= seqs.stop:
         return []
-    last = next(seq for seq in reversed(seqs) if not acks.done(seq))
+    last = seqs.stop - 1
+    while (start := acks.done_from(last)) is not None:
+        last = start - 1  # (it stops at ``first``, which is not done)
     span = range(first, last + 1)
     reason = "no segment holds them: a segment was deleted or cut from outside"
     return [Skipped(directory, -1, reason, span, kind="missing")]

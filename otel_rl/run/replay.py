@@ -47,6 +47,7 @@ from otel_rl.delivery.channel import Channel
 from otel_rl.delivery.handoff import complete_spools
 from otel_rl.delivery.registry import exporter_class
 from otel_rl.delivery.replay_plan import (
+    PlanStopped,
     ReplayPlan,
     SpoolChanged,
     Waiting,
@@ -65,6 +66,7 @@ from otel_rl.delivery.spool import (
     spool_dirs,
     spools_of_run,
     tracker_runs_of,
+    waiting_records,
     write_meta,
 )
 from otel_rl.delivery.tracker import Tracker
@@ -402,7 +404,12 @@ def _deliver_spool(
 ) -> ReplayResult:
     tracker, run_id = meta["tracker"], str(meta.get("run_id", directory.name))
     acks = read_acks(directory)
-    plan = ReplayPlan(directory, acks, int(meta.get("last_seq") or 0))
+    try:
+        plan = ReplayPlan(directory, acks, int(meta.get("last_seq") or 0),
+                          stop=lambda: bool(interrupted))  # fmt: skip
+    except PlanStopped:
+        return ReplayResult(tracker, run_id, waiting_records(directory), 0,
+                            error=f"interrupted by signal {interrupted[0]}")  # fmt: skip
     try:
         return _deliver_plan(plan, tracker, run_id, log_dir, meta, bars, workdir, timeout,
                              interrupted)  # fmt: skip
