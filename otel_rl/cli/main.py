@@ -251,6 +251,11 @@ def _timeline(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from otel_rl.cli.replay import run
 
+    if args.before_attempt is not None and args.run_id is None:
+        print("otel-rl replay: --before-attempt needs --run RUN_ID (the run whose launches it "
+              "counts)", file=sys.stderr)  # fmt: skip
+        return 2
+
     return run(args.log_dir, progress=not args.no_progress, timeout=args.timeout, wait=args.wait,
                run_id=args.run_id, before_attempt=args.before_attempt)  # fmt: skip
 

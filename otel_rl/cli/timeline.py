@@ -17,7 +17,10 @@ def run(log_dir: str, steps: str | None = None, out: str | None = None,
 
     root = Path(log_dir)
     if not root.is_dir():
-        print(f"otel-rl timeline: {log_dir}: no such directory", file=sys.stderr)
+        shown = f"a file: give the run's folder, {root.parent}" if root.exists() else (
+            "no such directory"
+        )  # fmt: skip
+        print(f"otel-rl timeline: {log_dir}: {shown}", file=sys.stderr)
         return 2
     picture = load_run(root)
     if not picture.spans and not picture.steps:
@@ -31,7 +34,8 @@ def run(log_dir: str, steps: str | None = None, out: str | None = None,
             return 2
         print(
             f"otel-rl timeline: {log_dir} holds no spans (traces.jsonl) and no steps "
-            "(metrics.jsonl): run with tracing: {enabled: true} to record spans",
+            "(metrics.jsonl): is it the log_dir of a run that logged steps? (spans are on disk "
+            "by default; tracing: {enabled: false} turns them off)",
             file=sys.stderr,
         )
         return 2

@@ -703,7 +703,8 @@ def walk(
     grow by one per line); an unreadable line whose records are all done already is passed over:
     the tracker has them. Numbers that no segment holds (a segment deleted or cut from outside)
     are reported as missing, up to ``known_end`` (the last number the run wrote, when its
-    metadata says) or the last one marked or attempted. A line whose number was used already in
+    metadata says) or the last one marked or attempted, and so are numbers a segment skips
+    between two readable lines (a line cut out of it). A line whose number was used already in
     its segment (written over another) is unreadable too.
     """
     if segments is None:
@@ -727,6 +728,8 @@ def walk(
             if here:  # the generator appends to this very list: empty it in place
                 skipped.extend(_placed(here, range(previous + 1, seq), acks))
                 here.clear()
+            elif seq > previous + 1:  # numbers no line holds: a line cut out of the segment
+                skipped += _missing(directory, range(previous + 1, seq), acks)
             previous = seq
             yield seq, value, index, start
         expected = previous + 1

@@ -47,6 +47,14 @@ def one_clear_line(stderr: str) -> str:
 # ---- replay -------------------------------------------------------------------------------------
 
 
+def test_replay_before_an_attempt_of_no_run_named_is_an_error(tmp_path):
+    """``--before-attempt`` counts the launches of the run ``--run`` names: without it, it was
+    passed over and the replay went on with every spool."""
+    done = otel_rl("replay", str(tmp_path), "--before-attempt", "2")
+    assert done.returncode == 2
+    assert one_clear_line(done.stderr).startswith("otel-rl replay: --before-attempt needs --run")
+
+
 def test_replay_of_a_missing_directory_is_an_error(tmp_path):
     missing = tmp_path / "no-such-run"
     done = otel_rl("replay", str(missing))

@@ -226,11 +226,15 @@ def test_a_bad_range_is_refused_with_the_range_the_run_has(demo_run, tmp_path, a
     assert not (tmp_path / "x.html").exists()
 
 
-def test_a_directory_without_spans_or_steps_says_how_to_record_them(tmp_path):
+def test_a_directory_without_spans_or_steps_says_what_it_lacks(tmp_path):
     done = _cli("timeline", str(tmp_path))
-    assert done.returncode == 2 and "tracing: {enabled: true}" in done.stderr
+    assert done.returncode == 2 and "holds no spans (traces.jsonl) and no steps" in done.stderr
+    assert "on disk by default" in done.stderr  # (it told to turn on what is on by default)
     done = _cli("timeline", str(tmp_path / "missing"))
     assert done.returncode == 2 and "no such directory" in done.stderr
+    (tmp_path / "metrics.jsonl").write_text("")
+    done = _cli("timeline", str(tmp_path / "metrics.jsonl"))  # a run's file, not its folder
+    assert done.returncode == 2 and f"a file: give the run's folder, {tmp_path}" in done.stderr
 
 
 def test_a_torn_or_foreign_line_in_the_trace_file_costs_only_itself(demo_run, tmp_path):
