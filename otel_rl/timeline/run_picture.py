@@ -126,6 +126,7 @@ def load_run(log_dir: str | Path, tail_bytes: int | None = None) -> RunPicture:
     starts += [_start(s) for s in stall_reports]
     t0 = min(starts, default=0.0)
 
+    launch_of = _launches(raw_spans, rows)
     lanes: list[Lane] = []
     lane_of: dict[tuple[Any, ...], int] = {}
     names: dict[tuple[Any, ...], int] = {}  # threads of one process with one name: numbered
@@ -144,6 +145,8 @@ def load_run(log_dir: str | Path, tail_bytes: int | None = None) -> RunPicture:
             lanes.append(Lane(_process_name(resource), label, resource))
         step = attributes.get(STEP_ATTRIBUTE)
         attempt = resource.get("otel_rl.attempt")
+        if launch_of and isinstance(attempt, int):
+            attempt = launch_of[resource.get("otel_rl.run_id"), attempt]
         spans.append(Span(
             lane=lane_of[key], name=raw["name"], start=raw["start"] - t0, end=raw["end"] - t0,
             step=step if isinstance(step, int) else None, attributes=attributes,
@@ -155,6 +158,31 @@ def load_run(log_dir: str | Path, tail_bytes: int | None = None) -> RunPicture:
     stalls = [_stall(report, steps, t0) for report in stall_reports]
     places = _places(stall_reports, root / "job", t0)
     return RunPicture(root, t0, lanes, spans, steps, stalls, _gpus(rows, t0), places)
+
+
+def _launches(raw_spans: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[Any, int]:
+    """When more than one run wrote to the folder (a script run twice on one log_dir, each with
+    its own run_id): ``{(run_id, attempt): launch}``, the launches numbered 1, 2, ... in the
+    order they began, which then stand for the attempts (the latest launch of a step is the one
+    shown, as a relaunch's is); the rows' ``attempt`` is renumbered so too. Else empty: a run's
+    own attempts stand."""
+    began: dict[tuple[Any, int], float] = {}
+    for raw in raw_spans:
+        resource = raw["resource"]
+        attempt = resource.get("otel_rl.attempt")
+        if isinstance(attempt, int):
+            key = (resource.get("otel_rl.run_id"), attempt)
+            began[key] = min(began.get(key, raw["start"]), raw["start"])
+    for row in rows:
+        key = (row.get("run_id"), _attempt(row))
+        began[key] = min(began.get(key, row["time"]), row["time"])
+    if len({run_id for run_id, _ in began}) < 2:
+        return {}
+    order = sorted(began, key=lambda key: (began[key], key[1]))
+    launch_of = {key: number for number, key in enumerate(order, 1)}
+    for row in rows:
+        row["attempt"] = launch_of[row.get("run_id"), _attempt(row)]
+    return launch_of
 
 
 def _stall(report: StallFile, steps: list[Step], t0: float) -> StallSpan:

@@ -616,3 +616,26 @@ def test_a_relaunched_run_s_page_draws_each_step_once_and_no_step_outside_it(tmp
     assert sorted(s["step"] for s in data["spans"] if s["name"] == "rl.step") == [3, 4, 5, 6, 7]
     trace = _perfetto(log_dir, "--steps", "3-7")
     assert len([e for e in trace["traceEvents"] if e["ph"] == "X"]) == count
+
+
+def test_two_runs_in_one_log_dir_are_two_launches_and_each_step_is_the_later_ones(tmp_path):
+    """A script run twice on one log_dir (each run its own run_id, both attempt 1): each step
+    is drawn from the later run that logged it, as ``otel-rl why`` counts its row, not as one
+    step stretched from the first run to the second (every step lasted the time between the
+    runs), and the default window is at the later run's slowest step."""
+    from otel_rl import Logger
+    from otel_rl.timeline.run_picture import load_run
+    from otel_rl.timeline.window import choose
+
+    for steps, slow, seconds in ((30, 25, 0.08), (20, 7, 0.2)):
+        with Logger({"log_dir": str(tmp_path), "tracing": {"picture": False}}) as logger:
+            for step in range(steps):
+                with logger.timer("generation"):
+                    time.sleep(seconds if step == slow else 0.002)
+                logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
+        time.sleep(0.5)
+    picture = load_run(tmp_path)
+    assert [s.step for s in picture.steps] == list(range(30))
+    assert [s.attempt for s in picture.steps] == [2] * 20 + [1] * 10
+    assert all(s.end - s.start < 0.45 for s in picture.steps), picture.steps
+    assert 7 in [s.step for s in choose(picture, None).steps]
