@@ -637,5 +637,6 @@ def test_two_runs_in_one_log_dir_are_two_launches_and_each_step_is_the_later_one
     picture = load_run(tmp_path)
     assert [s.step for s in picture.steps] == list(range(30))
     assert [s.attempt for s in picture.steps] == [2] * 20 + [1] * 10
-    assert all(s.end - s.start < 0.45 for s in picture.steps), picture.steps
+    # (step 0 starts with its Logger's start: a loaded machine may take long there)
+    assert all(s.end - s.start < 0.45 for s in picture.steps[1:]), picture.steps
     assert 7 in [s.step for s in choose(picture, None).steps]
