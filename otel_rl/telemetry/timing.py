@@ -429,12 +429,19 @@ class PhaseTimer:
 def _timed_iteration(timer: PhaseTimer, fn: F) -> F:
     """``fn``, a generator, coroutine or async generator function, timed from its first step
     to its end (its items' consumer included, as a ``with`` around the loop would), not the
-    instant its call makes the generator or coroutine."""
+    instant its call makes the generator or coroutine. Such calls interleave on one thread (two
+    tasks awaiting at once): traced, each call gets a timer of its own, so each ends its own
+    span."""
+    if timer._tracer is None:  # untraced, a timer holds no state: one serves every call
+        use: Callable[[], PhaseTimer] = lambda: timer  # noqa: E731
+    else:
+        use = functools.partial(PhaseTimer, timer._done, timer._key, timer._name, timer._tracer,
+                                timer._attributes, timer._clock)  # fmt: skip
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def timed_coroutine(*args: Any, **kwargs: Any) -> Any:
-            with timer:
+            with use():
                 return await fn(*args, **kwargs)
 
         return timed_coroutine  # type: ignore[return-value]
@@ -442,7 +449,7 @@ def _timed_iteration(timer: PhaseTimer, fn: F) -> F:
 
         @functools.wraps(fn)
         async def timed_async_items(*args: Any, **kwargs: Any) -> Any:
-            with timer:
+            with use():
                 async for item in fn(*args, **kwargs):
                     yield item
 
@@ -450,7 +457,7 @@ def _timed_iteration(timer: PhaseTimer, fn: F) -> F:
 
     @functools.wraps(fn)
     def timed_items(*args: Any, **kwargs: Any) -> Any:
-        with timer:
+        with use():
             return (yield from fn(*args, **kwargs))
 
     return timed_items  # type: ignore[return-value]
