@@ -125,7 +125,20 @@ def test_a_tracker_shut_down_by_hand_speaks_of_its_deadline_in_the_unit_it_was_g
     (message,) = [m for m in said if "record(s) not delivered" in m]
     assert "1 ms given to shutdown()" in message and "milliseconds" in message
     assert not any("export.shutdown_timeout" in m for m in said)
-    assert slow.steps and len(slow.steps) < 5  # the write in flight ended, no new one began
+    # The write in flight ends (within the close grace, or later on a busy machine: the wait
+    # below does not hold the test to a clock); no new one begins after the deadline.
+    assert _wait_for(lambda: slow.steps, 30)
+    time.sleep(2 * slow.delay)
+    assert 1 <= len(slow.steps) < 5
+
+
+def _wait_for(condition, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 class RejectingTracker(TrackerExporter):
