@@ -481,8 +481,9 @@ class StatePublisher:
 
     A ``Logger`` holds it from its start to its ``finish()`` (:meth:`hold`, :meth:`release`): when
     the last one finishes, the state is published once more, saying when the process ended
-    (``ended``), and the thread stops. A worker (``WorkerMetrics``, a drop-in's timer) has no end:
-    once one publishes, the thread runs for the life of the process.
+    (``ended``), and the thread stops, whatever workers of the process used it too (the process is
+    the ``Logger``'s). A worker (``WorkerMetrics``, a drop-in's timer) has no end: in a process
+    with no ``Logger``, once one publishes, the thread runs for the life of the process.
 
     ``activity`` returns ``(last step, its Unix time)``. ``boards`` finds the boards each time
     (a process group may be set up after the logger); ``directory`` adds a shared
@@ -501,9 +502,8 @@ class StatePublisher:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._directory: DirectoryBoard | None = None
-        #: Loggers that have not finished; a worker's use is for the process's life.
+        #: Loggers that have not finished.
         self._holders = 0
-        self._for_life = False
         #: Unix time the last Logger finished (the thread's last publication says it).
         self._ended: float | None = None
         self.adopt(activity, **given)
@@ -537,17 +537,13 @@ class StatePublisher:
         """A ``Logger`` starts using the publisher (registry lock held)."""
         self._holders += 1
 
-    def keep_for_life(self) -> None:
-        """A worker uses it: it publishes until the process ends (registry lock held)."""
-        self._for_life = True
-
     def release(self, timeout: float) -> None:
         """A ``Logger`` finished. The last one: the thread publishes the state once more, with
         ``ended``, and stops; waited for up to ``timeout`` seconds (a board that does not answer
         keeps it, never the caller)."""
         with _PUBLISHERS_LOCK:
             self._holders -= 1
-            if self._holders > 0 or self._for_life:
+            if self._holders > 0:
                 return
             if _PUBLISHERS.get(self._pid) is self:
                 del _PUBLISHERS[self._pid]  # the process's next Logger starts a new one
@@ -739,7 +735,7 @@ def publisher_of_this_process(
     """The process's one publisher (``options``: :class:`StatePublisher`'s), started on first
     use. A ``driver`` (a ``Logger``; the latest one) names the process and gives its steps, even
     when a worker of the same process came first, and holds it until it releases it at its
-    ``finish()``; a later worker leaves it as it is, and keeps it for the process's life."""
+    ``finish()``; a later worker leaves it as it is."""
     pid = os.getpid()
     with _PUBLISHERS_LOCK:
         publisher = _PUBLISHERS.get(pid)
@@ -752,8 +748,6 @@ def publisher_of_this_process(
             publisher.adopt(activity, **options)
         if driver:
             publisher.hold()
-        else:
-            publisher.keep_for_life()
         return publisher
 
 

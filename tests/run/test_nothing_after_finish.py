@@ -26,11 +26,19 @@ _RUN = textwrap.dedent("""
     from otel_rl import Logger
 
     log_dir, delivery, extra = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    worker = extra.pop("worker", None)
+    if worker:  # a worker of the driver's own process, made before its Logger
+        from otel_rl import WorkerMetrics
+        worker = WorkerMetrics(role="actor", rank=0)
     logger = Logger({"log_dir": log_dir, "tensorboard_enabled": True,
                      "export": {"delivery": delivery, "shutdown_timeout": 5}, **extra})
     for step in range(5):
         with logger.timer("generation"):
             time.sleep(0.01)
+        if worker:
+            with worker.timer("rollout"):
+                worker.record("reward", float(step))
+            logger.log_worker_metrics([worker.snapshot()], step=step)
         logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
     time.sleep(1.5)  # the job-state publisher has published once (a second after its start)
     logger.finish()
@@ -76,6 +84,20 @@ def test_with_a_tracker_that_is_down_nothing_of_otel_rl_runs_after_finish(tmp_pa
                mlflow={"tracking_uri": down, "experiment_name": "down"})  # fmt: skip
     assert out["alive"] == []
     assert out["undelivered"]["mlflow"] >= 5 and out["undelivered"]["tensorboard"] == 0
+
+
+def test_a_worker_of_the_driver_s_process_does_not_keep_its_publisher_after_finish(tmp_path):
+    """A ``WorkerMetrics`` made in the driver's process (before its Logger) publishes through the
+    process's one publisher; the Logger's ``finish()`` still ends it: nothing of otel-rl runs
+    after, and the board says the process ended, at the Logger's last step; the worker's rows
+    reached the run at their steps."""
+    out = _run(tmp_path / "logs", "thread", worker=True)
+    assert out["alive"] == []
+    (state,) = DirectoryBoard(tmp_path / "logs" / "job", started=0.0).read()[0]
+    assert state.step == 4 and state.ended is not None
+    rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").open()]
+    rewards = {r["step"]: r["metrics"]["reward"] for r in rows if "reward" in r["metrics"]}
+    assert rewards == {step: float(step) for step in range(5)}
 
 
 def test_the_publisher_runs_until_the_last_logger_of_the_process_finished(tmp_path):
