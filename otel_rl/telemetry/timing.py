@@ -195,7 +195,9 @@ class PhaseClock:
     def close(self, name: str) -> float | None:
         """The timer ``name`` stopped: usually this thread's innermost one; stopped out of order,
         the latest of that name; stopped on another thread, the latest of that name anywhere.
-        Returns its seconds, or ``None`` when no such timer is open."""
+        Returns its seconds, or ``None`` when no such timer is open or this use ran inside an
+        open use of the same name (a timed function that calls itself: the outermost call's
+        seconds hold the inner ones', which would be counted twice)."""
         now = _now()
         state = self._threads.get(_thread())
         if state is not None and state.stack and state.stack[-1][0] == name:
@@ -207,7 +209,7 @@ class PhaseClock:
                     return self._stopped(candidate, index, now)
         return None
 
-    def _stopped(self, state: _ThreadPhases, index: int, now: float) -> float:
+    def _stopped(self, state: _ThreadPhases, index: int, now: float) -> float | None:
         totals, top = state.totals, state.top
         totals[top] = totals.get(top, 0.0) + (now - state.since)
         state.since = now
@@ -224,6 +226,8 @@ class PhaseClock:
             closed.append((name, start, now, state.ident, state.name, seq, parent, outer,
                            self._epoch))
             self.recorded += 1
+        if index and any(entry[0] == name for entry in stack[:index]):
+            return None  # inside a use of the same name, which counts this one's time
         history = self._history
         if history is not None:
             recent = history.get(path)

@@ -106,8 +106,51 @@ def test_two_calls_of_a_traced_coroutine_awaiting_at_once_each_end_their_own_spa
     seconds = sorted((span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
                      for _, span in trace_file_spans(tmp_path) if span.name == "fetch")  # fmt: skip
     # Each call ends its own span's scope (OpenTelemetry could not detach them otherwise). The
-    # phase clock closes the latest use of a name on a thread, so the short call's value is
-    # short of its own by the other's head start: the clock keeps its stacks by thread, not by
-    # task (docs/configuration.md#keys).
+    # phase clock closes the latest use of a name on a thread, and counts a use inside an open
+    # one of the same name in that one: the two calls are one use, from the first's start to
+    # the last's end, as the clock keeps its stacks by thread, not by task
+    # (docs/configuration.md#keys).
     assert len(seconds) == 2 and seconds[1] >= 0.2 and 0.2 <= sum(seconds) < 0.4
     assert "Failed to detach context" not in caplog.text
+
+
+def test_a_timed_function_that_calls_itself_counts_its_time_once(tmp_path):
+    """The outermost call's seconds hold the inner calls': the row is the time spent in the
+    function, not the sum over the depth of the recursion (fib(5) summed 3x its wall time);
+    the same for a timer reopened deeper inside another (``a`` > ``b`` > ``a``) and for a
+    worker's timer. Each call is still a span of its own."""
+    from otel_rl import WorkerMetrics
+
+    worker = WorkerMetrics(role="actor", rank=0)
+    with Logger({"log_dir": str(tmp_path)}) as logger:
+
+        @logger.timer("fib")
+        def fib(n):
+            time.sleep(0.002)
+            return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+        began = time.perf_counter()
+        assert fib(5) == 5
+        fib_wall = time.perf_counter() - began
+        began = time.perf_counter()
+        with logger.timer("a"), logger.timer("b"), logger.timer("a"):
+            time.sleep(0.02)
+        nested_wall = time.perf_counter() - began
+
+        @worker.timer("walk")
+        def walk(depth):
+            time.sleep(0.005)
+            if depth:
+                walk(depth - 1)
+
+        began = time.perf_counter()
+        walk(3)
+        walk_wall = time.perf_counter() - began
+        logger.log_worker_metrics([worker.snapshot()], step=0)
+        logger.log_metrics({"loss": 1.0}, step=0)
+    row = rows_by_step(tmp_path / "metrics.jsonl")[0]
+    assert 0.015 * 2 <= row["timing/fib"] <= fib_wall  # 15 calls of 2 ms at least, one count
+    assert 0.02 <= row["timing/a"] <= nested_wall and 0.02 <= row["timing/b"] <= row["timing/a"]
+    assert 0.02 <= row["timing/walk"] <= walk_wall
+    fib_spans = [span for _, span in trace_file_spans(tmp_path) if span.name == "fib"]
+    assert len(fib_spans) == 15
