@@ -226,8 +226,11 @@ class PhaseClock:
             closed.append((name, start, now, state.ident, state.name, seq, parent, outer,
                            self._epoch))
             self.recorded += 1
-        if index and any(entry[0] == name for entry in stack[:index]):
-            return None  # inside a use of the same name, which counts this one's time
+        if index:  # inside a use of the same name, which counts this one's time (looked for
+            # as far as a path goes: a stack that only grows must not slow every stop)
+            for entry in stack[max(0, index - MAX_DEPTH) : index]:
+                if entry[0] == name:
+                    return None
         history = self._history
         if history is not None:
             recent = history.get(path)
