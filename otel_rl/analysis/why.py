@@ -206,6 +206,8 @@ class Stall:
     over: bool = False
     #: The launch of the run it happened in (reports of earlier releases: 1).
     attempt: int = 1
+    #: The run it happened in (``None``: its report names none).
+    run_id: str | None = None
 
     def lines(self) -> list[str]:
         after = "before any step" if self.last_step is None else f"after step {self.last_step}"
@@ -456,9 +458,16 @@ def explain(target: str | Path, step: int | None = None, top: int = TOP) -> Answ
 
 
 def _redone(table: StepColumns, stall: Stall) -> bool:
-    """Whether the step the stall held up was done again by a later attempt of the run."""
+    """Whether the step the stall held up was done again by a later attempt of the run, or by
+    a run that came after it in the same log_dir (a script run again there)."""
     held = None if stall.last_step is None else table.slots.get(stall.last_step + 1)
-    return held is not None and table.attempts[held] > stall.attempt
+    if held is None:
+        return False
+    run = table.runs[held]
+    if stall.run_id is None or run == stall.run_id:
+        return table.attempts[held] > stall.attempt
+    order = list(table.run_ids)  # the runs as their rows came, first to last
+    return stall.run_id in order and run in order and order.index(run) > order.index(stall.run_id)
 
 
 def _time_spent(table: StepColumns, phases: Mapping[str, str], stalls: list[Stall]) -> TimeSpent:
@@ -714,6 +723,7 @@ def _stall(report: StallFile) -> Stall:
         seconds=report.ended_seconds if over else report.since_step,
         over=over,
         attempt=report.attempt,
+        run_id=report.run_id,
     )
 
 

@@ -155,7 +155,7 @@ def load_run(log_dir: str | Path, tail_bytes: int | None = None) -> RunPicture:
         ))  # fmt: skip
     _of_their_step(spans)
     steps = _steps(spans, rows, t0)
-    stalls = [_stall(report, steps, t0) for report in stall_reports]
+    stalls = [_stall(report, steps, t0, launch_of) for report in stall_reports]
     places = _places(stall_reports, root / "job", t0)
     return RunPicture(root, t0, lanes, spans, steps, stalls, _gpus(rows, t0), places)
 
@@ -185,16 +185,20 @@ def _launches(raw_spans: list[dict[str, Any]], rows: list[dict[str, Any]]) -> di
     return launch_of
 
 
-def _stall(report: StallFile, steps: list[Step], t0: float) -> StallSpan:
+def _stall(
+    report: StallFile, steps: list[Step], t0: float, launch_of: Mapping[Any, int]
+) -> StallSpan:
     """A stall runs from the end of the last step before it to the next step. A report with its
-    times in whole seconds only starts at that step's end, where the run has it."""
+    times in whole seconds only starts at that step's end, where the run has it. Of a folder of
+    several runs, its attempt is its run's launch (:func:`_launches`)."""
     start = _start(report) - t0
+    attempt = launch_of.get((report.run_id, report.attempt), report.attempt)
     last = next((s for s in steps if s.step == report.last_step), None)
     if not report.precise and last is not None and abs(last.end - start) < 2.0:
         start = last.end
     seconds = report.ended_seconds
     return StallSpan(start, None if seconds is None else start + seconds, report.last_step,
-                     report.verdict, report.path, report.attempt,
+                     report.verdict, report.path, attempt,
                      lasted=report.since_step or 0.0)  # fmt: skip
 
 

@@ -295,6 +295,8 @@ class StallFile:
     #: The job verdict's parts (``JobVerdict.to_json``), when the job was compared.
     job: dict[str, Any] | None
     version: int = 1
+    #: The run it happened in (two runs may share a log_dir; ``None``: the report names none).
+    run_id: str | None = None
 
     @classmethod
     def read(cls, path: Path) -> StallFile:
@@ -335,6 +337,7 @@ class StallFile:
             ended_seconds=_seconds(ended.get("seconds")) if isinstance(ended, Mapping) else None,
             job=job if isinstance(job, dict) else None,
             version=read_number(raw.get("version"), int) or 1,
+            run_id=raw["run_id"] if isinstance(raw.get("run_id"), str) else None,
         )  # fmt: skip
 
 

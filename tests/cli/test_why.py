@@ -793,3 +793,33 @@ def test_where_the_run_s_time_went_adds_up_to_its_rows_stalls_and_relaunches(log
     assert (f"  lost to relaunches: {duration(redone_seconds)} (5 step row(s) a later attempt "
             "did again)") in out  # fmt: skip
     assert any(line.startswith("  lost to 1 stall(s): ") for line in out)
+
+
+def test_a_stall_of_one_of_several_runs_in_a_log_dir_is_placed_in_its_own_run(log_dir):
+    """A script run three times on one log_dir (runs ``a``, ``b``, ``c``); ``b`` stalls after
+    step 2 and finishes without step 3, which ``c`` logs later. The stall is ``b``'s: on the
+    run's picture it is in the second launch (not the first, whose attempt number it shares),
+    and ``why`` does not count it in the steps' time, as the step it held up was done again by
+    a later run (as by a relaunch)."""
+    for run_id in ("a", "b", "c"):
+        cfg = {"log_dir": str(log_dir), "run_id": run_id, "tracing": {"picture": False},
+               "stalls": {"after": 0.3, "factor": 1.0}}  # fmt: skip
+        with Logger(cfg) as logger:
+            for step in range(3 if run_id == "b" else 6):
+                with logger.timer("generation"):
+                    time.sleep(0.02)
+                logger.log_metrics({"loss": float(step)}, step=step, step_finished=True)
+            if run_id == "b":
+                time.sleep(1.0)  # the watchdog reports the stall; the run ends in it
+        time.sleep(0.2)
+    (path,) = sorted((log_dir / "stalls").glob("*.json"))
+    report = StallFile.read(path)
+    assert (report.run_id, report.attempt, report.last_step) == ("b", 1, 2)
+    (stall,) = load_run(log_dir).stalls
+    assert stall.attempt == 2 and stall.last_step == 2
+    answer = explain(log_dir)
+    (listed,) = answer.stalls
+    assert listed.run_id == "b" and listed.last_step == 2
+    assert answer.time_spent.stalls == 0 and answer.time_spent.stalls_seconds == 0.0
+    out = why(log_dir).stdout.splitlines()
+    assert not any(line.startswith("  lost to") and "stall" in line for line in out), out
