@@ -145,8 +145,8 @@ def merge_snapshots(
         for extra in spec[1:]:
             out[f"{full}/{extra}"] = _timing_value(totals, extra)
         if "max" in spec and len(per_worker) > 1:
-            slowest = max(per_worker.items(), key=lambda item: (item[1], -item[0][1]))
-            out[f"{full}/slowest_rank"] = float(slowest[0][1])
+            ranks = ((seconds, who[1]) for who, seconds in per_worker.items())
+            out[f"{full}/slowest_rank"] = slowest_rank(ranks)
             out[f"{full}/skew"] = skew(totals)
     for key, (bounds, counts, count, total, lo, hi) in histograms.items():
         if key in conflicts:
@@ -252,6 +252,8 @@ def _last_time(entry: ScalarEntry) -> float:
 
 
 def _timing_value(totals: list[float], reduction: str) -> float:
+    if reduction in ("max", "min") and any(t != t for t in totals):
+        return math.nan  # kept, whatever the worker's place (max and min depend on it)
     if reduction == "max":
         return max(totals)
     if reduction == "min":
@@ -259,6 +261,15 @@ def _timing_value(totals: list[float], reduction: str) -> float:
     if reduction == "sum":
         return math.fsum(totals)
     return math.fsum(totals) / len(totals)
+
+
+def slowest_rank(times: Iterable[tuple[float, int]]) -> float:
+    """The rank of the longest of ``(seconds, rank)`` (the lowest rank on a tie), NaNs left out
+    (NaN has no place in an order); NaN when every time is NaN."""
+    held = [(seconds, rank) for seconds, rank in times if seconds == seconds]
+    if not held:
+        return math.nan
+    return float(max(held, key=lambda item: (item[0], -item[1]))[1])
 
 
 def skew(values: list[float]) -> float:

@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from otel_rl.distributed.merge import skew
+from otel_rl.distributed.merge import skew, slowest_rank
 from otel_rl.distributed.reductions import (
     DEFAULT_SCALAR,
     ReductionConflictError,
@@ -95,9 +95,7 @@ def reduce_across_ranks(
         rows = _all_gather(torch, dist, mine, world, group, device)
         for column, key in enumerate(timings):
             per_rank = [row[column] for row in rows]
-            held = [(value, r) for r, value in enumerate(per_rank) if value == value]
-            slowest = max(held, key=lambda item: (item[0], -item[1]))[1]
-            out[f"{key}/slowest_rank"] = float(slowest)
+            out[f"{key}/slowest_rank"] = slowest_rank((v, r) for r, v in enumerate(per_rank))
             out[f"{key}/skew"] = skew(per_rank)
     return out
 

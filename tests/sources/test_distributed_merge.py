@@ -67,6 +67,19 @@ def test_timings_take_the_max_of_each_workers_total_with_opt_in_min_and_mean():
     assert merge_snapshots([timing_snapshot(0, 1.0)]) == {"timing/step": 1.0}
 
 
+def test_a_nan_timing_has_no_place_among_the_slowest_whatever_the_order_of_the_workers():
+    """NaN keeps the timing NaN, and is left out of the slowest rank (its comparisons are all
+    false, so the rank named depended on the workers' order); all NaN: no slowest rank."""
+    for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2]):
+        times = {0: math.nan, 1: 0.5, 2: 0.2}
+        rows = merge_snapshots([timing_snapshot(r, times[r]) for r in order])
+        assert math.isnan(rows["timing/step"])
+        assert rows["timing/step/slowest_rank"] == 1.0, order
+        assert rows["timing/step/skew"] == 0.5 / 0.35
+        nans = merge_snapshots([timing_snapshot(r, math.nan) for r in order])
+        assert all(math.isnan(v) for v in nans.values()) and len(nans) == 3
+
+
 def test_histograms_from_four_workers_merge_to_the_histogram_of_all_raw_values():
     bounds = [0.0, 1.0, 2.5, 5.0, 10.0, 50.0]
     rng = random.Random(7)

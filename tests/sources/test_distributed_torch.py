@@ -82,6 +82,10 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
         except ReductionConflictError as exc:
             out["conflict"] = str(exc)
         out["empty"] = reduce_across_ranks({}, rules)
+        nan = math.nan
+        out["nan_timing"] = reduce_across_ranks(
+            {"timing/none": nan, "timing/half": nan if rank == 0 else 0.5}, rules
+        )
     except Exception:
         out["error"] = traceback.format_exc()
     finally:
@@ -149,3 +153,16 @@ def test_collectives_do_not_grow_with_the_number_of_keys(ranks):
         assert result["uneven_calls"] == result["uneven_large_calls"] == {
             "all_reduce": 3, "all_gather_object": 1, "all_gather": 1,
         }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_timing_that_is_nan_on_every_rank_is_nan_and_not_an_error(ranks):
+    """NaN is kept whichever rank holds it (docs/distributed.md): a timing NaN on every rank is
+    NaN, its slowest rank too (no rank has a time: it raised ``ValueError`` on every rank);
+    NaN on one rank makes the timing NaN and leaves the other the slowest."""
+    for result in ranks:
+        got = result["nan_timing"]
+        assert all(math.isnan(got[f"timing/none{extra}"])
+                   for extra in ("", "/min", "/mean", "/slowest_rank", "/skew"))  # fmt: skip
+        assert math.isnan(got["timing/half"])
+        assert (got["timing/half/slowest_rank"], got["timing/half/skew"]) == (1.0, 1.0)
