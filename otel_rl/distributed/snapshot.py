@@ -72,17 +72,21 @@ def add_otel_data(
     snapshot: dict[str, Any],
     datas: Sequence[MetricsData],
     now: float,
-) -> None:
-    """Fold OTel data collected from the worker's provider into ``snapshot``.
+) -> list[str]:
+    """Fold OTel data collected from the worker's provider into ``snapshot``; returns the keys
+    left out because ``record()`` holds them already in this snapshot.
 
     Histograms stay histograms; counters and up-down counters become scalars reduced by
     ``sum``; gauges become scalars whose reduction the driver's rules decide.
     """
     scalars, histograms = snapshot["scalars"], snapshot["histograms"]
+    recorded, clashes = set(scalars), []
     for _, metric in scoped_metrics(datas):
         for p in metric.data.data_points:
             key = _with_attributes(metric.name, p.attributes)
-            if isinstance(p, HistogramDataPoint):
+            if key in recorded:
+                clashes.append(key)
+            elif isinstance(p, HistogramDataPoint):
                 entry: HistogramEntry = (
                     tuple(p.explicit_bounds), tuple(p.bucket_counts),
                     p.count, p.sum, p.min, p.max,
@@ -95,6 +99,7 @@ def add_otel_data(
             elif isinstance(p, NumberDataPoint) and isinstance(metric.data, Gauge):
                 v = float(p.value)
                 scalars[key] = (None, 1, v, v, 1.0, v, v, v, now)
+    return clashes
 
 
 def merge_histogram(a: HistogramEntry, b: HistogramEntry) -> HistogramEntry:

@@ -12,7 +12,8 @@ from typing import Any, cast
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
-from otel_rl.core.keys import KeyCollisionError, KeyRegistry
+from otel_rl.core.errors import shown_key
+from otel_rl.core.keys import KeyRegistry
 from otel_rl.distributed.reductions import REDUCTIONS, ReductionConflictError
 from otel_rl.distributed.snapshot import (
     ANATOMY_KEY,
@@ -30,6 +31,7 @@ from otel_rl.distributed.snapshot import (
     add_otel_data,
     empty_snapshot,
 )
+from otel_rl.process.fork_safe_log import log
 from otel_rl.telemetry.span_transfer import SpanCollector
 from otel_rl.telemetry.step_reader import StepReader
 from otel_rl.telemetry.timing import PhaseClock, PhaseTimer, TimerFactory, timing_totals
@@ -113,6 +115,7 @@ class WorkerMetrics:
             self._keys, self._tracer, self._span_attributes, clock=self._clock
         )
         self._declared: dict[str, str | None] = {}
+        self._said: set[tuple[str, str]] = set()
         self._scalars: dict[str, list[Any]] = {}
         self._lock = threading.Lock()
         #: The last step snapshotted and its Unix time, for the job's stall verdict.
@@ -134,7 +137,11 @@ class WorkerMetrics:
         ``mean``). A key keeps the reduction it was first declared with; declaring another raises
         :class:`ReductionConflictError`.
         """
-        v = float(value)
+        try:
+            v = float(value)
+        except (TypeError, ValueError, OverflowError) as exc:  # it costs only itself
+            self._report(key, f"value {value!r:.40} skipped: no number ({exc})")
+            return
         if weight is None:
             w = 1.0
         else:
@@ -165,10 +172,7 @@ class WorkerMetrics:
     def timer(self, name: str) -> PhaseTimer:
         """Time a block or function into ``timing/<name>`` (seconds; repeated uses within one
         snapshot add up; the driver reduces the per-worker totals with ``max`` by default)."""
-        try:
-            return self._timers.timer(name)
-        except KeyCollisionError as exc:
-            raise ValueError(str(exc)) from exc
+        return self._timers.checked_timer(name, self._report)
 
     def snapshot(self, step: int | None = None) -> dict[str, Any]:
         """Everything recorded since the previous snapshot, as plain picklable data.
@@ -183,7 +187,10 @@ class WorkerMetrics:
             scalars, self._scalars = self._scalars, {}
         snap = empty_snapshot(self.rank, self.role, step, now)
         snap["scalars"] = {key: tuple(acc) for key, acc in scalars.items()}
-        add_otel_data(snap, self._reader.take(), now)
+        for key in add_otel_data(snap, self._reader.take(), now):
+            self._report(key, "recorded with record() and by an OTel instrument of this worker's "
+                         "meter: the record()ed values are kept, the instrument's left out (give "
+                         "them two names)")  # fmt: skip
         snap["timings"].update(timing_totals(self._timers.take()))
         snap[ANATOMY_KEY] = self._clock.take()
         if self._spans is not None:
@@ -216,6 +223,13 @@ class WorkerMetrics:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _report(self, key: str, reason: str) -> None:
+        """Say once per key and reason what became of a value, a timer or an instrument."""
+        if (key, reason) not in self._said:
+            self._said.add((key, reason))
+            log.warning("otel-rl: worker %s %d: %s: %s", self.role, self.rank, shown_key(key),
+                        reason)  # fmt: skip
 
     def _declare(self, key: str, reduce: str | None) -> str | None:
         """The reduction ``key`` keeps (caller holds the lock)."""

@@ -24,7 +24,7 @@ from otel_rl.distributed.reductions import ReductionRules
 from otel_rl.run.anatomy import StepAnatomy
 from otel_rl.run.run import Run
 from otel_rl.run.steps import checked_step
-from otel_rl.telemetry.timing import PhaseTimer, UnusedTimer
+from otel_rl.telemetry.timing import PhaseTimer
 
 
 class Intake:
@@ -143,31 +143,9 @@ class Intake:
         return rows
 
     def timer(self, name: Any) -> PhaseTimer:
-        """The timer ``name``, its name checked as a logged key's is: another type is converted
-        to text, a lone surrogate refuses it (an :class:`UnusedTimer`), an OTel name taken keeps
-        it from OTel only; each reported (raised in strict mode)."""
-        if type(name) is not str:
-            try:
-                text = str(name)
-            except Exception as exc:
-                self._report(f"timing/<{type(name).__name__}>",
-                             f"timer skipped: its name cannot be text ({exc!r:.80})")  # fmt: skip
-                return UnusedTimer()
-            self._report(f"timing/{text}", f"timer name of type {type(name).__name__} "
-                         f"converted to the string {text!r}")  # fmt: skip
-            name = text
-        if not name.isascii():
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                self._report(f"timing/{name}", "timer skipped: its name holds a lone surrogate, "
-                             "which no tracker can store (decode its bytes with errors='replace')")
-                return UnusedTimer()
-        try:
-            return self._timers.timer(name)
-        except KeyCollisionError as exc:
-            self._report(f"timing/{name}", str(exc))  # raises in strict mode
-            return self._timers.timer(name, instrument=False)
+        """The timer ``name``, its name checked as a logged key's is (each finding reported,
+        raised in strict mode: :meth:`~otel_rl.telemetry.timing.TimerFactory.checked_timer`)."""
+        return self._timers.checked_timer(name, self._report)
 
     def checked_record(self, name: Any, step: Any, what: str) -> int | None:
         """The step of a plot or table, or ``None`` (reported) when its name or step is refused.

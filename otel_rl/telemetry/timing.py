@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from otel_rl.core.keys import KeyCollisionError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Bucket bounds (seconds) for timing histograms: 1 ms to 1 h.
@@ -569,6 +571,34 @@ class TimerFactory:
                       self._clock)  # fmt: skip
         self._known[name] = timer
         return timer
+
+    def checked_timer(self, name: Any, report: Callable[[str, str], None]) -> PhaseTimer:
+        """The timer ``name``, its name checked as a logged key's is, each finding given to
+        ``report(key, reason)`` (which raises in strict mode): another type is converted to
+        text, a lone surrogate refuses it (an :class:`UnusedTimer`: no tracker could store its
+        key), an OTel name taken keeps it from OTel only (its rows still reach the trackers)."""
+        if type(name) is not str:
+            try:
+                text = str(name)
+            except Exception as exc:
+                report(f"timing/<{type(name).__name__}>",
+                       f"timer skipped: its name cannot be text ({exc!r:.80})")  # fmt: skip
+                return UnusedTimer()
+            report(f"timing/{text}", f"timer name of type {type(name).__name__} "
+                   f"converted to the string {text!r}")  # fmt: skip
+            name = text
+        if not name.isascii():
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                report(f"timing/{name}", "timer skipped: its name holds a lone surrogate, "
+                       "which no tracker can store (decode its bytes with errors='replace')")
+                return UnusedTimer()
+        try:
+            return self.timer(name)
+        except KeyCollisionError as exc:
+            report(f"timing/{name}", str(exc))
+            return self.timer(name, instrument=False)
 
     def take(self) -> list[tuple[str, float]]:
         """``(key, seconds)`` of every use that ended since the previous ``take``."""

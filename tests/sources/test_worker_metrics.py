@@ -106,3 +106,37 @@ def test_nan_is_kept_and_conflicting_declarations_raise():
         worker.record("x", 1.0, reduce="median")
     with pytest.raises(ValueError, match="weight must be >= 0"):
         worker.record("x", 1.0, weight=-1)
+
+
+def test_a_bad_value_timer_name_or_key_costs_only_itself_and_is_said_once(otel_rl_warnings):
+    """A worker has no strict mode: what ``log_metrics`` would report, ``WorkerMetrics`` says
+    once and goes on (``record(None)`` raised ``TypeError``, a second non-ASCII timer name
+    ``ValueError`` into the worker's loop). A key both ``record()``ed and an OTel instrument's
+    keeps the recorded values (the instrument's silently replaced them)."""
+    from otel_rl import Logger
+
+    worker = WorkerMetrics(rank=0, role="actor")
+    for bad in (None, 10**400, "n/a", None):
+        worker.record("loss", bad)
+    worker.record("loss", 2.0)
+    with worker.timer("ref-logprob"):
+        time.sleep(0.01)
+    with worker.timer("ref_logprob"):  # the same OTel name: rows kept, said
+        time.sleep(0.01)
+    with worker.timer("日本"), worker.timer("中文"):  # both become the OTel name timing_
+        pass
+    worker.record("tokens", 5, reduce="sum")
+    worker.meter.create_counter("tokens").add(3)
+    worker.meter.create_counter("requests").add(2)
+    snap = worker.snapshot()
+    said = [r.getMessage() for r in otel_rl_warnings.records]
+    assert sum("'loss'" in m and "skipped: no number" in m for m in said) == 3  # once per reason
+    assert any("timing/ref_logprob" in m and "collides" in m for m in said), said
+    assert any("timing/中文" in m for m in said), said
+    assert any("'tokens'" in m and "record()ed values are kept" in m for m in said), said
+    assert snap["scalars"]["loss"][1:3] == (1, 2.0)
+    assert snap["scalars"]["tokens"][:3] == ("sum", 1, 5.0)
+    assert snap["scalars"]["requests"][2] == 2.0
+    assert set(snap["timings"]) >= {"timing/ref-logprob", "timing/ref_logprob", "timing/日本",
+                                    "timing/中文"}  # fmt: skip
+    assert snap["timings"]["timing/ref_logprob"][0] >= 0.01
