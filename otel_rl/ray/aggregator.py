@@ -118,7 +118,9 @@ class MetricsAggregator:
         is ``None``); later ones stay for a later drain.
 
         Pushes travel asynchronously, so a drain can run before the last ones arrive: with
-        ``expect=n`` it waits (up to ``timeout`` seconds) until ``n`` snapshots are there.
+        ``expect=n`` it waits (up to ``timeout`` seconds) until ``n`` snapshots of ``step`` are
+        there (tagged with it, or untagged); a late one of an earlier step is taken too, but
+        does not count towards ``n``.
         """
         import ray
 
@@ -249,12 +251,17 @@ class _AggregatorActor:
         return dict(self._beats)
 
     def _count_due(self, step: int | None) -> int:
-        return sum(1 for s in self._items if _is_due(s, step))
+        """The snapshots held that count towards a drain's ``expect``: those of ``step``."""
+        return sum(1 for s in self._items if _is_due(s, step, exactly=True))
 
 
-def _is_due(snapshot: dict[str, Any], step: int | None) -> bool:
+def _is_due(snapshot: dict[str, Any], step: int | None, exactly: bool = False) -> bool:
+    """Whether a drain of ``step`` takes ``snapshot``: untagged, or tagged with ``step`` (or,
+    unless ``exactly``, an earlier one)."""
     tagged = snapshot.get("step") if isinstance(snapshot, dict) else None
-    return step is None or tagged is None or tagged <= step
+    if step is None or tagged is None:
+        return True
+    return tagged == step if exactly else tagged <= step
 
 
 class _Heartbeat:

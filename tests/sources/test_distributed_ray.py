@@ -165,3 +165,35 @@ def test_a_dead_aggregator_never_blocks_a_worker(ray_cluster):
     assert stats["pushed"] >= 1 and stats["failed"] + stats["dropped"] >= 1
     # generous: 3 steps sleep 60 ms in total; a blocked push would wait for a Ray timeout
     assert elapsed < 20
+
+
+@pytest.mark.slow
+def test_a_late_snapshot_of_an_earlier_step_does_not_count_towards_a_drain_s_expect(ray_cluster):
+    """Rank 1's snapshot of step 0 comes after step 0's drain gave up on it: step 1's drain
+    takes it, and still waits for the two snapshots of step 1 (it counted the late one, and
+    returned without rank 1's step 1, which then slipped a step: for the rest of the run)."""
+    ray = ray_cluster
+    from otel_rl.ray import MetricsAggregator
+
+    aggregator = MetricsAggregator.start("late-pushes")
+    trainer = make_trainer_class(ray)
+    first, second = trainer.remote(0, "late-pushes"), trainer.remote(1, "late-pushes")
+    ray.get(first.train_step.remote(0))
+    assert [(s["rank"], s["step"]) for s in aggregator.drain(0, expect=2, timeout=1)] == [(0, 0)]
+    ray.get([second.train_step.remote(0), first.train_step.remote(1)])
+    deadline = time.monotonic() + 30
+    while aggregator.actor_stats()["held"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    @ray.remote(num_cpus=0)
+    def later(actor):
+        time.sleep(0.5)
+        return ray.get(actor.train_step.remote(1))["loss"]
+
+    pushing = later.remote(second)
+    began = time.monotonic()
+    drained = aggregator.drain(1, expect=2, timeout=30)
+    assert sorted((s["rank"], s["step"]) for s in drained) == [(0, 1), (1, 0), (1, 1)]
+    assert time.monotonic() - began >= 0.4
+    assert ray.get(pushing) == 1.0
+    aggregator.kill()
