@@ -166,6 +166,11 @@ class OtelRLCallback(TrainerCallback):
         self._evaluate_timer = timer
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._evaluated()
+
+    def _evaluated(self) -> None:
+        """The evaluation's timer stops: at its log (transformers logs an evaluation's metrics
+        before ``on_evaluate``, and the time must join their step), else at ``on_evaluate``."""
         timer, self._evaluate_timer = self._evaluate_timer, None
         if timer is not None and not self.finished:
             timer.__exit__(None, None, None)
@@ -190,6 +195,9 @@ class OtelRLCallback(TrainerCallback):
                 state.global_step,
             )
             return
+        # An evaluation's prediction steps ran: this is its log (a training step's log never
+        # comes between them and on_evaluate), and its time belongs to the same step.
+        self._evaluated()
         step = int(state.global_step)
         # TRL gives None for a metric with no valid value in the interval (every reward None):
         # such a metric has no value at this step, and its row leaves it out.

@@ -268,8 +268,9 @@ def test_eval_logs_none_values_and_logs_after_the_run_finished(
     tmp_path: Path, otel_rl_warnings: Any
 ) -> None:
     """transformers' names (``eval_`` → ``eval/``), a ``None`` left out of the row, an
-    evaluation timed from its first prediction step to ``on_evaluate``, the last log merged into
-    the last step, and a log after ``on_train_end`` refused with one warning."""
+    evaluation timed from its first prediction step to its log (at the step of its metrics:
+    ``on_evaluate`` comes after the log), the last log merged into the last step, and a log after
+    ``on_train_end`` refused with one warning."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     from otel_rl.compat.transformers import OtelRLCallback
@@ -289,15 +290,20 @@ def test_eval_logs_none_values_and_logs_after_the_run_finished(
     for _ in range(2):  # two evaluation batches
         otel.on_prediction_step(args, state, control)
         time.sleep(0.02)
-    otel.on_evaluate(args, state, control)
+    # transformers' order: the evaluation's metrics are logged, then on_evaluate
     otel.on_log(args, state, control, logs={"eval_loss": 0.25, "test_accuracy": 0.75})
+    otel.on_evaluate(args, state, control)
+    otel.on_step_begin(args, state, control)  # the next step: the evaluation is not its
+    state.global_step = 3
+    otel.on_step_end(args, state, control)
     otel.on_train_end(args, state, control)
     assert otel.finished
     otel.on_log(args, state, control, logs={"eval_loss": 0.125})  # trainer.evaluate() after
 
     rows = {r["step"]: r["metrics"] for r in jsonl_rows(log_dir / "metrics.jsonl")}
-    assert sorted(rows) == [1, 2]
+    assert sorted(rows) == [1, 2, 3]
     assert {k for k in rows[1] if not k.startswith("anatomy/")} == {"timing/step"}
+    assert {k for k in rows[3] if not k.startswith("anatomy/")} == {"timing/step"}
     assert rows[1]["timing/step"] >= 0.01
     # the callback's step timer is the step's phase (docs/anatomy.md)
     assert rows[1]["anatomy/step/seconds"] == pytest.approx(rows[1]["timing/step"], abs=0.002)
