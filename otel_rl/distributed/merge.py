@@ -41,6 +41,7 @@ from otel_rl.distributed.snapshot import (
     FORMAT,
     LAST,
     LAST_TIME,
+    LEVELS_KEY,
     MAX,
     MIN,
     REDUCE,
@@ -95,9 +96,18 @@ def merge_snapshots(
     histograms: dict[str, HistogramEntry] = {}
     conflicts: dict[str, str] = {}
 
+    # An up-down counter's level: one worker's latest (its snapshots do not add up).
+    levels: dict[str, dict[tuple[str, int], ScalarEntry]] = {}
     for snap in given:
         worker = (snap["role"], snap["rank"])
+        level_keys = snap.get(LEVELS_KEY) or ()
         for key, entry in snap["scalars"].items():
+            if key in level_keys:
+                latest = levels.setdefault(key, {})
+                held = latest.get(worker)
+                if held is None or entry[LAST_TIME] >= held[LAST_TIME]:
+                    latest[worker] = entry
+                continue
             group = scalars.get(key)
             if group is None:
                 scalars[key] = [entry]
@@ -118,6 +128,8 @@ def merge_snapshots(
             else:
                 histograms[key] = merge_histogram(old, entry)
 
+    for key, latest in levels.items():
+        scalars.setdefault(key, []).extend(latest.values())
     _kind_conflicts(scalars, timings, histograms, conflicts)
     out: dict[str, Any] = {}
     lookup = rules.lookup if rules else None

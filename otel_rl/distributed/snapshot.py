@@ -8,7 +8,8 @@ A snapshot is everything one worker recorded since its previous snapshot::
      "histograms": {key: (bounds, counts, count, sum, min, max)},
      "anatomy":    {timer path: exclusive seconds},
      "spans":      [(name, trace id, span id, parent id, start ns, end ns, attributes,
-                     resource attributes, scope)], "spans_dropped": n}
+                     resource attributes, scope)], "spans_dropped": n,
+     "levels":     [key, ...]}
 
 A scalar carries enough to apply any reduction on the driver: ``reduce`` is what the worker
 declared (``None``: let the driver's rules decide, default ``mean``), ``n`` how many values
@@ -20,7 +21,9 @@ seconds the worker spent inside its own timers, by timer path, each exclusive of
 in it (the driver's step anatomy, docs/anatomy.md). ``spans`` (optional too, from a worker
 that traces) are its timer spans, and where the Ray hook ran its process's Ray spans, that ended
 since the last snapshot or are still running (marked open), for the driver's trace file
-(:mod:`otel_rl.telemetry.span_transfer`).
+(:mod:`otel_rl.telemetry.span_transfer`). ``levels`` (optional) names the scalars that are an
+up-down counter's level, not a change: of one worker's several snapshots in a step the latest
+counts, and the workers' levels add up.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ ANATOMY_KEY = "anatomy"
 #: The snapshot entries of the worker's ended spans, and of those it dropped for room.
 SPANS_KEY = "spans"
 SPANS_DROPPED_KEY = "spans_dropped"
+#: The snapshot entry naming the scalars that are levels (up-down counters).
+LEVELS_KEY = "levels"
 
 # Field positions of a scalar entry.
 REDUCE, N, SUM, WSUM, WEIGHT, MIN, MAX, LAST, LAST_TIME = range(9)
@@ -96,6 +101,8 @@ def add_otel_data(
             elif isinstance(p, NumberDataPoint) and isinstance(metric.data, Sum):
                 v = float(p.value)
                 scalars[key] = ("sum", 1, v, v, 1.0, v, v, v, now)
+                if not metric.data.is_monotonic:  # an up-down counter: its level
+                    snapshot.setdefault(LEVELS_KEY, []).append(key)
             elif isinstance(p, NumberDataPoint) and isinstance(metric.data, Gauge):
                 v = float(p.value)
                 scalars[key] = (None, 1, v, v, 1.0, v, v, v, now)

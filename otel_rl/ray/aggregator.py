@@ -261,7 +261,7 @@ def _is_due(snapshot: dict[str, Any], step: int | None, exactly: bool = False) -
     tagged = snapshot.get("step") if isinstance(snapshot, dict) else None
     if step is None or tagged is None:
         return True
-    return tagged == step if exactly else tagged <= step
+    return bool(tagged == step if exactly else tagged <= step)
 
 
 class _Heartbeat:

@@ -113,7 +113,6 @@ def test_a_bad_value_timer_name_or_key_costs_only_itself_and_is_said_once(otel_r
     once and goes on (``record(None)`` raised ``TypeError``, a second non-ASCII timer name
     ``ValueError`` into the worker's loop). A key both ``record()``ed and an OTel instrument's
     keeps the recorded values (the instrument's silently replaced them)."""
-    from otel_rl import Logger
 
     worker = WorkerMetrics(rank=0, role="actor")
     for bad in (None, 10**400, "n/a", None):
@@ -140,3 +139,29 @@ def test_a_bad_value_timer_name_or_key_costs_only_itself_and_is_said_once(otel_r
     assert set(snap["timings"]) >= {"timing/ref-logprob", "timing/ref_logprob", "timing/日本",
                                     "timing/中文"}  # fmt: skip
     assert snap["timings"]["timing/ref_logprob"][0] >= 0.01
+
+
+def test_an_up_down_counter_is_a_level_the_latest_of_a_worker_and_the_sum_of_workers(log_dir):
+    """An up-down counter's point is its level (in flight now), not a change: of one worker's
+    two snapshots in a step the latest counts (3 then 4 gave 7), and two workers' levels add up;
+    a plain counter's changes still add up."""
+    from otel_rl import Logger
+    from testkit.readers import rows_by_step
+
+    first, second = WorkerMetrics(rank=0), WorkerMetrics(rank=1)
+    inflight = first.meter.create_up_down_counter("inflight")
+    requests = first.meter.create_counter("requests")
+    other = second.meter.create_up_down_counter("inflight")
+    inflight.add(3)
+    requests.add(3)
+    early = first.snapshot()
+    inflight.add(1)
+    requests.add(1)
+    other.add(10)
+    with Logger({"log_dir": str(log_dir)}) as logger:
+        logger.log_worker_metrics([early, first.snapshot(), second.snapshot()], step=0)
+        inflight.add(-2)
+        logger.log_worker_metrics([first.snapshot(), second.snapshot()], step=1)
+    rows = rows_by_step(log_dir / "metrics.jsonl")
+    assert (rows[0]["inflight"], rows[0]["requests"]) == (14.0, 4.0)
+    assert rows[1]["inflight"] == 12.0  # 2 on rank 0 (the level) + 10 on rank 1
