@@ -32,6 +32,7 @@ from otel_rl.watch.job_verdict import job_verdict
 from otel_rl.watch.stalls import (
     StallReport,
     StallWatchdog,
+    ended_summary,
     gpu_readings,
     nccl_flight_recorder,
     ray_stacks,
@@ -286,7 +287,7 @@ class RunWatch:
     def _on_end(self, report: StallReport, length: float, step: int | None) -> None:
         """The stall ended at ``step``: the first step logged after it, which carries the
         ``stall/seconds`` row."""
-        text = _ended_text(length)
+        text = _ended_text(report, length)
         where = f" (report {report.path})" if report.path is not None else ""
         _log.warning("otel-rl: run %s: %s%s", self.run_id, text, where)
         step = step if step is not None else 0
@@ -294,7 +295,7 @@ class RunWatch:
                    self._end_attributes(report, length), span=False)  # fmt: skip
 
     def _end_attributes(self, report: StallReport, length: float) -> dict[str, Any]:
-        return {"otel_rl.run_id": self.run_id, "otel_rl.summary": _ended_text(length),
+        return {"otel_rl.run_id": self.run_id, "otel_rl.summary": _ended_text(report, length),
                 "otel_rl.stall.report": str(report.path or ""),
                 "otel_rl.stall.seconds": round(length, 3)}  # fmt: skip
 
@@ -327,8 +328,9 @@ def _no_verdict(why: str) -> dict[str, Any]:
     return {"text": text, "chain": [], "missing": [text]}
 
 
-def _ended_text(length: float) -> str:
-    return f"stall ended: steps resumed after {length:.1f} s without one"
+def _ended_text(report: StallReport, length: float) -> str:
+    """The sentence of the stall's end: its report's, once written (steps resumed, until then)."""
+    return str(report.ended["summary"]) if report.ended else ended_summary(length)
 
 
 def _worker_timers(timeout: float) -> dict[str, Any]:

@@ -261,6 +261,13 @@ class StallReport:
         return "\n".join(lines) + "\n"
 
 
+def ended_summary(length: float, ran: bool = True) -> str:
+    """The sentence of a stall's end, ``length`` seconds after the last call: steps resumed,
+    or (``ran`` False) the run ended in it."""
+    how = "steps resumed" if ran else "the run ended"
+    return f"stall ended: {how} after {length:.1f} s without a step"
+
+
 class NotAStallReport(ValueError):
     """A file among the stall reports that holds no report (JSON, but not an object)."""
 
@@ -502,8 +509,11 @@ class StallWatchdog:
                 _log.warning("otel-rl: stall watchdog: %s: %s", type(exc).__name__, exc)
         with self._lock:
             ended, self._ended = self._ended, None
+            unended, self.current = self.current, None
         if ended is not None:
             self._finish(*ended)
+        if unended is not None:  # the run ended in it (its finish): that is its end
+            self._finish(unended, time.monotonic() - unended.last_call, unended.step, ran=False)
 
     def _period(self) -> float:
         # Often enough to notice within a few percent of `after`, never busy; and to see a
@@ -549,11 +559,15 @@ class StallWatchdog:
             self._wake.set()
         return report
 
-    def _finish(self, report: StallReport, length: float, step: int | None) -> None:
+    def _finish(
+        self, report: StallReport, length: float, step: int | None, ran: bool = True
+    ) -> None:
+        """The stall ended ``length`` seconds after the last call: at ``step``, the first
+        logged after it, or (``ran`` False) with the run, still in it."""
         report.ended = {
             "at": _iso(time.time()),
             "seconds": round(length, 3),
-            "summary": f"stall ended: steps resumed after {length:.1f} s without one",
+            "summary": ended_summary(length, ran),
         }
         self._write(report)
         self._on_end(report, length, step)

@@ -468,3 +468,33 @@ def test_the_stall_length_is_one_clock_and_its_end_is_told_at_the_step_that_move
     ended = [e for e in jsonl_rows(log_dir / "events.jsonl") if e["level"] == "info"]
     assert [e["step"] for e in ended] == [2]
     assert all("stall/seconds" not in rows[s] for s in rows if s != 2)
+
+
+def test_a_stall_the_run_ends_in_is_ended_by_its_finish(log_dir):
+    """A loop that stops stepping and then finishes (a hang given up on, an ``except:`` around
+    the loop): the report says the stall ended with the run, after how long, and so do the
+    "stall ended" event (at the last step) and ``otel-rl why`` (it told it as never ended, as
+    of a run killed in it)."""
+    from otel_rl.analysis.why import explain
+
+    cfg = {"log_dir": str(log_dir), "stalls": {"after": 0.3, "factor": 1.0}}
+    with Logger(cfg) as logger:
+        for step in range(3):
+            logger.log_metrics({"loss": float(step)}, step=step)
+        assert wait_for(lambda: list((log_dir / "stalls").glob("*.json")), 10, "a stall report")
+        time.sleep(0.3)
+        began = time.monotonic()
+    lasted = time.monotonic() - began
+    (path,) = (log_dir / "stalls").glob("*.json")
+    report = json.loads(path.read_text())
+    assert report["last_step"] == 2
+    ended = report["ended"]
+    assert ended["summary"].startswith("stall ended: the run ended after")
+    assert 0.6 <= ended["seconds"] <= 0.6 + lasted + 5
+    assert "stall ended: the run ended after" in path.with_suffix(".txt").read_text()
+    events = jsonl_rows(log_dir / "events.jsonl")
+    assert [(e["event"], e["level"], e["step"]) for e in events] == [
+        ("otel_rl/stall", "warning", 2), ("otel_rl/stall", "info", 2),
+    ]  # fmt: skip
+    (stall,) = explain(log_dir).stalls
+    assert stall.over and stall.seconds == ended["seconds"]
