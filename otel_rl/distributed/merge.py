@@ -100,7 +100,9 @@ def merge_snapshots(
     levels: dict[str, dict[tuple[str, int], ScalarEntry]] = {}
     for snap in given:
         worker = (snap["role"], snap["rank"])
-        level_keys = snap.get(LEVELS_KEY) or ()
+        level_keys = snap.get(LEVELS_KEY)
+        if not isinstance(level_keys, (list, tuple)):
+            level_keys = ()
         for key, entry in snap["scalars"].items():
             if key in level_keys:
                 latest = levels.setdefault(key, {})
