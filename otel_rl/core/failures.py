@@ -51,7 +51,8 @@ LOSS_REASONS = {
     "queue_full": "dropped from a full queue (export.on_full: drop_oldest, or no spool)",
     "refused": "refused by the tracker (set aside, never retried)",
     "tracker_stopped": "held in memory when a permanent error stopped the tracker (no spool)",
-    "exit_timeout": "not delivered by the shutdown's deadline (no spool)",
+    "exit_timeout": "not delivered by the shutdown's deadline, and in no spool (none, or it "
+    "could not hold them: a full disk)",
     "spool_vanished": "deleted or cut from the spool from outside before delivery",
     "corrupt": "in spool lines that could not be read back (otel-rl replay)",
     "delivery_process": "not handed to the delivery process, which had exited "

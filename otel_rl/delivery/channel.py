@@ -290,6 +290,8 @@ class Channel:
                 count_loss(self.stats, "exit_timeout", left)
             else:  # what the spool keeps for replay (what is still in memory is lost at exit)
                 left, checkpoints = feeder.left_locked()
+                # and what it could not keep (a full disk): in memory only, lost now
+                count_loss(self.stats, "exit_timeout", sum(seq is None for seq, _ in records.items))
         self.undelivered = left
         if spool is not None:
             self.write_meta(exit_code=exit_code)

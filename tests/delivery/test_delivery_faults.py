@@ -304,6 +304,46 @@ def test_records_the_spool_could_not_hold_are_counted_and_still_delivered(tmp_pa
     assert "cannot write the spool" in out.stderr and "File too large" in out.stderr
 
 
+def test_records_in_memory_only_at_the_deadline_are_counted_lost(tmp_path):
+    """The spool full (a file-size limit, as above) and the tracker down (its writes fail as a
+    full disk would fail them: a transient error, retried): at the shutdown's deadline the
+    records only memory held are lost, and counted so (``exit_timeout``), in the one warning at
+    the end; the spooled ones wait for replay (they were lost unsaid: ``lost`` was empty)."""
+    child = textwrap.dedent(f"""
+        import json, resource, signal
+        from otel_rl.core.records import StepBatch
+        from tests.delivery.test_delivery_faults import Recording
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        def down(step):
+            if step > 0:
+                raise ConnectionError("no space left on the tracker's disk")
+        tracker = Recording(fail=down, spool_dir={str(tmp_path / "spool")!r},
+                            fsync_interval=0.05)
+        tracker.delivery.start()
+        tracker.delivery.submit(StepBatch(step=0, values={{"x": 0.0}}))
+        assert tracker.force_flush(10_000)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        for step in range(1, 60):
+            batch = StepBatch(step=step, values={{"x": float(step), "pad": "p" * 200}})
+            tracker.delivery.submit(batch)
+        tracker.shutdown(timeout_millis=1_000)
+        print(json.dumps({{"steps": tracker.steps, "lost": tracker.delivery.lost,
+                          "left": tracker.delivery.undelivered, **tracker.delivery.stats}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["steps"] == [0]
+    assert 0 < result["unspooled"] <= 59
+    # every record is delivered, waiting in the spool, or counted lost: none unsaid
+    assert result["lost"] == {"exit_timeout": result["unspooled"]}
+    assert 1 + result["left"] + result["unspooled"] == 60
+    assert f"exit_timeout: {result['unspooled']}" in out.stderr or (
+        str(result["unspooled"]) in out.stderr and "lost" in out.stderr
+    ), out.stderr
+
+
 def test_a_record_the_tracker_refuses_is_set_aside_and_never_rewritten_in_part(tmp_path):
     """Item 6: TensorBoard gets a batch whose third step cannot be stored (beyond int64): that
     record is set aside and counted; the others are written exactly once."""
