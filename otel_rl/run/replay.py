@@ -106,15 +106,24 @@ class ReplayResult:
     def lost(self) -> dict[str, int]:
         """Records this replay could not deliver and never will, by reason (docs/reliability.md):
         ``corrupt`` (unreadable spool lines), ``refused`` (the tracker refused them)."""
-        def held(line: Skipped) -> int:
-            return len(line.seqs) if line.seqs is not None else 1
-
         lost = {
-            "corrupt": sum(held(s) for s in self.skipped if s.kind != "missing"),
-            "spool_vanished": sum(held(s) for s in self.skipped if s.kind == "missing"),
+            "corrupt": _records_of([s for s in self.skipped if s.kind != "missing"]),
+            "spool_vanished": _records_of([s for s in self.skipped if s.kind == "missing"]),
             "refused": self.rejected,
         }
         return {reason: n for reason, n in lost.items() if n}
+
+
+def _records_of(lines: list[Skipped]) -> int:
+    """The records ``lines`` held, each once: the pieces of a line damage cut in two name the
+    same numbers (a line whose numbers nothing tells held one)."""
+    count = sum(1 for line in lines if line.seqs is None)
+    reach = None  # the end of the numbers counted so far, in order of their start
+    for seqs in sorted((line.seqs for line in lines if line.seqs), key=lambda r: r.start):
+        start = seqs.start if reach is None else max(seqs.start, reach)
+        count += max(0, seqs.stop - start)
+        reach = seqs.stop if reach is None else max(reach, seqs.stop)
+    return count
 
 
 def spooled_runs(

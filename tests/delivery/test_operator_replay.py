@@ -102,6 +102,8 @@ def _region(lines: list[tuple[int, int, dict]], where: str) -> tuple[int, bytes]
         "over the last newline": (last_end - 24, GARBAGE[:24]),
         "invalid UTF-8 only": (start + 40, b"\xff\xfe"),
         "one NUL byte": (start + 40, b"\x00"),
+        # the line cut in two unreadable pieces, which name the same record: counted once
+        "a newline inside a line": (start + 20, GARBAGE[:24] + b"\n" + GARBAGE[24:]),
     }[where]
 
 
@@ -118,7 +120,7 @@ def _touched_steps(lines: list[tuple[int, int, dict]], at: int, size: int) -> se
 @pytest.mark.parametrize("where", [
     "inside a line", "across a newline", "ending on a newline", "in the first line",
     "in the last line",
-    "over the last newline", "invalid UTF-8 only", "one NUL byte",
+    "over the last newline", "invalid UTF-8 only", "one NUL byte", "a newline inside a line",
 ])  # fmt: skip
 def test_damaged_bytes_cost_only_the_records_they_touch(down_run, tmp_path, where):
     log_dir = tmp_path / "logs"
