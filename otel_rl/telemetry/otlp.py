@@ -112,8 +112,8 @@ def resolve_otlp(
         timeout_s=_timeout(otlp.get("timeout"), env, var),
         interval_s=_interval(otlp.get("interval"), env),
         headers=headers,
-        insecure=_insecure(otlp.get("insecure")),
-        histogram=_histogram(otlp.get("histogram")),
+        insecure=_insecure(otlp.get("insecure"), env, var),
+        histogram=_histogram(otlp.get("histogram"), env),
         semantic_conventions=_semantic_conventions(otlp.get("semantic_conventions")),
     )
 
@@ -410,21 +410,39 @@ def _headers(
     from opentelemetry.util.re import parse_env_headers
 
     raw = _env(env, *var.names("HEADERS"))
+    for part in (raw or "").split(","):
+        if part.strip() and "=" not in part:  # the SDK would drop it with a log line
+            name = part.strip()[:40]  # (a header's value may be a secret: never shown)
+            raise ConfigError(f"{var.shown('HEADERS')}: the header {name!r} has no value: "
+                              "write name=value pairs joined by commas")  # fmt: skip
     merged = {k.lower(): v for k, v in parse_env_headers(raw or "", liberal=True).items()}
     merged.update({str(k).lower(): str(v) for k, v in (configured or {}).items()})
     return merged
 
 
-def _insecure(configured: Any) -> bool | None:
+def _insecure(configured: Any, env: Mapping[str, str], var: _Variables) -> bool | None:
     """Only what the config sets: left ``None``, the SDK's gRPC exporter reads
-    ``OTEL_EXPORTER_OTLP_[METRICS_]INSECURE`` itself, then the endpoint's scheme."""
+    ``OTEL_EXPORTER_OTLP_[METRICS_]INSECURE`` itself (checked here: it takes any other word
+    for false), then the endpoint's scheme."""
     if configured is not None and not isinstance(configured, bool):
         raise ConfigError(f"otlp.insecure must be true, false or null, got {configured!r}")
+    raw = _env(env, *var.names("INSECURE"))
+    if configured is None and raw is not None and raw.lower() not in ("true", "false"):
+        raise ConfigError(f"{var.shown('INSECURE')} must be true or false, got {raw!r}")
     return configured
 
 
-def _histogram(configured: Any) -> str | None:
+#: ``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION``'s values, as the spec names them.
+_HISTOGRAM_VARIABLE = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
+_HISTOGRAM_VALUES = ("explicit_bucket_histogram", "base2_exponential_bucket_histogram")
+
+
+def _histogram(configured: Any, env: Mapping[str, str]) -> str | None:
     if configured is None:
+        raw = _env(env, _HISTOGRAM_VARIABLE)  # the SDK reads it (checked here: it would warn
+        if raw is not None and raw.lower() not in _HISTOGRAM_VALUES:  # and use explicit)
+            raise ConfigError(f"{_HISTOGRAM_VARIABLE} must be one of "
+                              f"{', '.join(_HISTOGRAM_VALUES)}, got {raw!r}")  # fmt: skip
         return None
     if configured not in HISTOGRAMS:
         raise ConfigError(

@@ -328,6 +328,34 @@ def test_bad_values_are_config_errors():
         Logger({"otlp": {"histogram": "log-linear"}})
 
 
+def test_a_variable_the_sdk_would_drop_or_misread_is_a_config_error():
+    """The SDK drops a header without a value (``Header format invalid!``), takes any word but
+    ``true`` for an insecure false, and warns and goes on with explicit buckets for an unknown
+    histogram aggregation: each is refused here, naming the variable (a header's value never
+    shown), and a valid one still reads (the config's own value wins)."""
+    bad = {
+        "OTEL_EXPORTER_OTLP_HEADERS": ("authorization", r"HEADERS: the header 'authorization'"),
+        "OTEL_EXPORTER_OTLP_INSECURE": ("maybe", r"\]INSECURE must be true or false"),
+        "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": (
+            "bogus", "DEFAULT_HISTOGRAM_AGGREGATION must be one of"),
+    }  # fmt: skip
+    for name, (value, said) in bad.items():
+        with pytest.raises(ConfigError, match=said):
+            resolve_otlp({}, environ={name: value})
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "a=1,b=secret=x", "OTEL_EXPORTER_OTLP_INSECURE": "TRUE",
+           "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION":
+               "base2_exponential_bucket_histogram"}  # fmt: skip
+    settings = resolve_otlp({}, environ=env)
+    assert settings.headers == {"a": "1", "b": "secret=x"}
+    with pytest.raises(ConfigError) as refused:
+        resolve_otlp({}, environ={"OTEL_EXPORTER_OTLP_HEADERS": "a=s3cr3t,token"})
+    assert "s3cr3t" not in str(refused.value) and "'token'" in str(refused.value)
+    insecure = {"OTEL_EXPORTER_OTLP_INSECURE": "x"}
+    assert resolve_otlp({"insecure": False}, environ=insecure).insecure is False
+    histogram = {"OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "x"}
+    assert resolve_otlp({"histogram": "explicit"}, environ=histogram).histogram == "explicit"
+
+
 def test_demo_flags_push_to_a_collector_and_serve_prometheus(tmp_path, http_receiver, capsys):
     """`otel-rl demo --prometheus-port ... --otlp-endpoint ...`, as docs/grafana.md runs it."""
     from otel_rl.cli.main import main
