@@ -1,7 +1,8 @@
 """Observable gauges over the scraper's cache, for OTLP and Prometheus (with attributes).
 
 The callbacks run on the reading exporter's thread (the Prometheus scrape, the OTLP timer) and
-only read :attr:`RayNodeScraper.latest`, a dict the scraper swaps whole: never the network.
+only read :attr:`RayNodeScraper.latest`, a dict the scraper swaps whole: never the network. A
+reading that is NaN or infinite (a broken sensor's) is no observation (its tracker row keeps it).
 
 OTel units are base units (bytes, watts), unlike the tracker rows which follow NeMo RL (GiB).
 Names, units, descriptions and attributes: :mod:`otel_rl.core.catalogue` (docs/metrics.md).
@@ -9,6 +10,7 @@ Names, units, descriptions and attributes: :mod:`otel_rl.core.catalogue` (docs/m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -67,7 +69,7 @@ def _gpu_callback(
         for cached in list(scraper.latest.values()):
             for gpu in cached.sample.gpus.values():
                 value = read(gpu)
-                if value is not None:
+                if value is not None and math.isfinite(value):  # (the SDK warns at each read)
                     yield Observation(value, gpu_attributes(cached.node, cached.target.host, gpu))
 
     return callback
@@ -79,7 +81,7 @@ def _node_callback(
     def callback(options: Any) -> Iterator[Observation]:
         for cached in list(scraper.latest.values()):
             value = read(cached.sample)
-            if value is not None:
+            if value is not None and math.isfinite(value):
                 yield Observation(value, {"node": cached.node, "host": cached.target.host})
 
     return callback

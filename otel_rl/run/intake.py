@@ -184,7 +184,7 @@ class Intake:
     def _register(
         self, new: set[str], fresh: Mapping[str, Any], family: Metric | None = None
     ) -> None:
-        for key in new:
+        for key in [k for k in fresh if k in new]:  # in the call's order: the first one wins
             try:
                 name = self._keys.claim(key, "gauge")
             except KeyCollisionError as exc:
@@ -193,7 +193,10 @@ class Intake:
                 self._known.add(key)
                 continue
             self._known.add(key)
-            if self._side_readers and type(fresh[key]) is float:
+            # A key of yours whose first value is text may be a number later (its gauge reads
+            # none until then); a histogram never is, nor otel-rl's own text rows.
+            first = type(fresh[key])
+            if self._side_readers and (first is float or (first is str and family is None)):
                 if family is None:
                     self._side_meter.create_observable_gauge(name, callbacks=[self._observe(key)])
                 else:  # one of otel-rl's own rows: its description from the catalogue

@@ -219,7 +219,8 @@ class Pipeline:
         # own health): the main one has none until a library meter or a timer records.
         main_readers.append(PrometheusMetricReader(registry=registry, disable_target_info=True))
         side_readers.append(PrometheusMetricReader(registry=registry))
-        self.prometheus_url = f"http://{host}:{bound}/metrics"
+        shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
+        self.prometheus_url = f"http://{shown}:{bound}/metrics"
         self.prometheus_registry = registry
         _log.info("otel-rl: Prometheus metrics at %s", self.prometheus_url)
 

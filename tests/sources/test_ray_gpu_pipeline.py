@@ -159,6 +159,41 @@ def test_gpu_gauges_reach_prometheus_with_attributes(farm, log_dir):
     assert any(n.startswith("otel_rl_scrape_duration") for n in samples)
 
 
+def test_a_gpu_reading_that_is_not_finite_is_no_observation_and_no_log_line(farm, log_dir, caplog):
+    """A node whose page says NaN for one GPU's utilization and +Inf for another's power: the
+    OTel gauges leave those two readings out (the SDK said so at every scrape, forever), the
+    other GPUs' are served."""
+    import re
+
+    node = simulated_node(4)
+    page = render(node, TEMPLATE)
+    for family, gpu, value in (("gpus_utilization", 0, "NaN"), ("gpu_power_milliwatts", 1, "+Inf")):
+        line = rf'(ray_node_{family}\{{[^}}]*GpuIndex="{gpu}"[^}}]*\}}) \S+'
+        page = re.sub(line, rf"\1 {value}", page)
+    url = farm.add(page)
+    cfg = {
+        "log_dir": str(log_dir), "jsonl_enabled": False, "monitor_gpus": True,
+        "gpu_monitoring": {"endpoints": [url], "collection_interval": 0.2, "timeout": 1.0},
+        "prometheus": {"enabled": True, "port": 0},
+    }  # fmt: skip
+    with caplog.at_level(logging.DEBUG), Logger(cfg) as logger:
+        _wait_for(lambda: logger.gpu_monitor.scraper.last is not None)
+        texts = []
+        for _ in range(3):
+            with urllib.request.urlopen(logger.prometheus_url, timeout=10) as response:
+                texts.append(response.read().decode())
+    assert not [r for r in caplog.records if "non-finite" in r.getMessage()]
+    for text in texts:
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        util = {s.labels["gpu"]: s.value for s in samples
+                if s.name.startswith("ray_node_gpu_utilization")}  # fmt: skip
+        power = {s.labels["gpu"]: s.value for s in samples
+                 if s.name.startswith("ray_node_gpu_power")}  # fmt: skip
+        assert sorted(util) == [str(g) for g in range(1, 8)]
+        assert sorted(power) == ["0", *[str(g) for g in range(2, 8)]]
+        assert util["5"] == node.gpus[5].utilization
+
+
 def test_cli_gpu_monitor_once_with_no_node_answering_exits_1(farm, capsys):
     """docs/gpu-monitoring.md: ``--once`` exits 0 when it got an answer, 1 when it got none; a
     round in which every node refused is no answer (the table still says why)."""
