@@ -15,6 +15,9 @@ from testkit.readers import jsonl_rows, tensorboard_scalars
 
 N_ACTORS = 4
 STEPS = 3
+#: Seconds a call to the actors may take before the test fails (not hangs: a call lost inside
+#: Ray, seen once on a loaded machine, would otherwise hold the whole suite).
+GET_TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,7 @@ def test_four_actors_merge_into_exact_rows_via_results_and_the_aggregator(ray_cl
     busiest: dict[int, int] = {}
     with Logger(cfg) as logger:
         for step in range(STEPS):
-            results = ray.get([t.train_step.remote(step) for t in trainers])
+            results = ray.get([t.train_step.remote(step) for t in trainers], timeout=GET_TIMEOUT)
             returned = [res["metrics"] for res in results]
             totals[step] = [s["timings"]["timing/generate"][0] for s in returned]
             # each rank's own timer seconds, as the anatomy counts them (its phase clock)
@@ -153,7 +156,7 @@ def test_a_dead_aggregator_never_blocks_a_worker(ray_cluster):
 
     aggregator = MetricsAggregator.start("short-lived")
     trainer = make_trainer_class(ray).remote(0, "short-lived")
-    ray.get(trainer.train_step.remote(0))
+    ray.get(trainer.train_step.remote(0), timeout=GET_TIMEOUT)
     assert len(aggregator.drain(0, expect=1, timeout=30)) == 1
     aggregator.kill()
 
@@ -161,7 +164,7 @@ def test_a_dead_aggregator_never_blocks_a_worker(ray_cluster):
     results = ray.get([trainer.train_step.remote(step) for step in range(1, 4)], timeout=60)
     elapsed = time.monotonic() - started
     assert [r["loss"] for r in results] == [1.0, 2.0, 3.0]  # the worker kept working
-    stats = ray.get(trainer.push_stats.remote())
+    stats = ray.get(trainer.push_stats.remote(), timeout=GET_TIMEOUT)
     assert stats["pushed"] >= 1 and stats["failed"] + stats["dropped"] >= 1
     # generous: 3 steps sleep 60 ms in total; a blocked push would wait for a Ray timeout
     assert elapsed < 20
@@ -178,9 +181,9 @@ def test_a_late_snapshot_of_an_earlier_step_does_not_count_towards_a_drain_s_exp
     aggregator = MetricsAggregator.start("late-pushes")
     trainer = make_trainer_class(ray)
     first, second = trainer.remote(0, "late-pushes"), trainer.remote(1, "late-pushes")
-    ray.get(first.train_step.remote(0))
+    ray.get(first.train_step.remote(0), timeout=GET_TIMEOUT)
     assert [(s["rank"], s["step"]) for s in aggregator.drain(0, expect=2, timeout=1)] == [(0, 0)]
-    ray.get([second.train_step.remote(0), first.train_step.remote(1)])
+    ray.get([second.train_step.remote(0), first.train_step.remote(1)], timeout=GET_TIMEOUT)
     deadline = time.monotonic() + 30
     while aggregator.actor_stats()["held"] < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -188,12 +191,12 @@ def test_a_late_snapshot_of_an_earlier_step_does_not_count_towards_a_drain_s_exp
     @ray.remote(num_cpus=0)
     def later(actor):
         time.sleep(0.5)
-        return ray.get(actor.train_step.remote(1))["loss"]
+        return ray.get(actor.train_step.remote(1), timeout=120)["loss"]
 
     pushing = later.remote(second)
     began = time.monotonic()
     drained = aggregator.drain(1, expect=2, timeout=30)
     assert sorted((s["rank"], s["step"]) for s in drained) == [(0, 1), (1, 0), (1, 1)]
     assert time.monotonic() - began >= 0.4
-    assert ray.get(pushing) == 1.0
+    assert ray.get(pushing, timeout=GET_TIMEOUT) == 1.0
     aggregator.kill()
